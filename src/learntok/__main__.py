@@ -1,0 +1,5 @@
+import sys
+
+from learntok.cli import main
+
+sys.exit(main())

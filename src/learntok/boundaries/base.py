@@ -1,0 +1,107 @@
+"""The boundary-strategy interface and the default select / distribute-add pooling (method.md §1).
+
+A strategy sees the encoder output X (B,T,D) and the byte ids, and returns a `BoundaryOutput`. The U-Net
+never branches on which strategy it runs: it calls `propose`, then `downsample` / `upsample` (which a
+strategy may override with its own pooling), then `losses` with the per-byte log-likelihoods.
+
+Convention: a_t = 1 means a token ends at byte t and byte t's state represents it; a_0 = 1 always, so every
+byte has a token at or before it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar, Literal
+
+import torch
+import torch.nn as nn
+
+LearnsBy = Literal["score_function", "straight_through", "prescribed", "random"]
+
+
+@dataclass
+class BoundaryOutput:
+    """What a strategy proposes for a batch."""
+
+    mask: torch.Tensor
+    """(B,T) bool: a_t, the drawn boundaries; mask[:, 0] is True."""
+    probs: torch.Tensor
+    """(B,T) float: the boundary probability each a_t was drawn with (1/0 for prescribed strategies)."""
+    logits: torch.Tensor | None = None
+    """(B,T) boundary logits as used for sampling (with grad), for strategies that have them."""
+    log_prob: torch.Tensor | None = None
+    """(B,T) log pi(a_t | ...) with grad, for score-function strategies; None otherwise."""
+    free: torch.Tensor | None = None
+    """(B,T) bool: positions whose boundary was actually decided (not forced); None = all."""
+    stats: dict[str, float] = field(default_factory=dict)
+    """Scalars to log (e.g. sampling iterations)."""
+
+
+@dataclass
+class Tokens:
+    """The token level of one batch: selected states and their byte positions."""
+
+    x: torch.Tensor
+    """(B,M,D) token states; rows at or beyond `count` are padding (they sit after every real token, so
+    causal attention keeps them from influencing real ones)."""
+    pos: torch.Tensor
+    """(B,M) long: byte index of each token's boundary (its RoPE position, method.md §8.9)."""
+    count: torch.Tensor
+    """(B,) long: real tokens per sequence."""
+    index: torch.Tensor
+    """(B,T) long: c(t) = (sum_{k<=t} a_k) - 1, the token each byte reads back from."""
+
+
+def select(x: torch.Tensor, mask: torch.Tensor) -> Tokens:
+    """Downsample by selection (eq. 7-9): token j is X at the j-th boundary. x (B,T,D), mask (B,T) bool."""
+    B, T, D = x.shape
+    index = mask.long().cumsum(1) - 1  # (B,T) c(t); int64 so counts stay exact (bf16 would not)
+    count = index[:, -1] + 1  # (B,)
+    M = int(count.max())
+    # Scatter each boundary's byte index to its token slot; non-boundaries go to a spill column M.
+    slot = torch.where(mask, index, torch.full_like(index, M))  # (B,T)
+    pos = torch.zeros(B, M + 1, dtype=torch.long, device=x.device)
+    pos.scatter_(1, slot, torch.arange(T, device=x.device).expand(B, T))
+    pos = pos[:, :M]  # (B,M)
+    xt = x.gather(1, pos.unsqueeze(-1).expand(B, M, D))  # (B,M,D)
+    return Tokens(x=xt, pos=pos, count=count, index=index)
+
+
+def distribute_add(y_tok: torch.Tensor, x: torch.Tensor, tokens: Tokens) -> torch.Tensor:
+    """Upsample (method.md §1.5): byte t gets X_t + Y'_{c(t)}. y_tok (B,M,D), x (B,T,D) -> (B,T,D)."""
+    B, T, D = x.shape
+    return x + y_tok.gather(1, tokens.index.unsqueeze(-1).expand(B, T, D))
+
+
+class BoundaryStrategy(nn.Module):
+    """Base class. Subclasses set the class attributes and implement `propose`."""
+
+    learns_by: ClassVar[LearnsBy]
+    """How the boundaries are learned."""
+    uses_rewards: ClassVar[bool] = False
+    """True if `losses` needs per-byte log-likelihoods of the main and early-exit heads (the early-exit
+    head then trains the encoder too; otherwise it is a detached probe)."""
+
+    def propose(self, x: torch.Tensor, ids: torch.Tensor, *, noise: torch.Tensor | None,
+                generator: torch.Generator | None) -> BoundaryOutput:
+        """Draw boundaries. x (B,T,D) encoder output, ids (B,T) byte ids; noise (B,T) uniforms in [0,1)
+        if given (tests inject it), else drawn from `generator`."""
+        raise NotImplementedError
+
+    def downsample(self, x: torch.Tensor, out: BoundaryOutput) -> Tokens:
+        return select(x, out.mask)
+
+    def upsample(self, y_tok: torch.Tensor, x: torch.Tensor, tokens: Tokens, out: BoundaryOutput) -> torch.Tensor:
+        return distribute_add(y_tok, x, tokens)
+
+    def losses(self, out: BoundaryOutput, logp: torch.Tensor | None, logp_early: torch.Tensor | None,
+               valid: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Auxiliary loss terms (already weighted, summed into the total) and statistics.
+
+        logp, logp_early: (B,T) log-likelihood of each position's target under the main and early-exit
+        heads (detached; given when `uses_rewards`). valid: (B,T) bool, False at padding."""
+        return {}
+
+    def matrix_params(self) -> int:
+        """Parameters of this strategy's matrices, for the 6 x params FLOPs accounting (per byte)."""
+        return sum(p.numel() for p in self.parameters() if p.dim() >= 2)

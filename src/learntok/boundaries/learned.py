@@ -1,0 +1,94 @@
+"""The paper's boundary policy, trained with the score-function estimator (method.md §2-3).
+
+    l_raw_t  = W_0 X_t + sum_{j=1..w} a_{t-j} W_j X_t                      (eq. 21)
+    l_t      = softcap(l_raw_t / D + logit(pi_target))   (softcap in training only)
+    a_t      ~ Bernoulli(sigmoid(l_t)),   a_0 = 1
+
+Losses (per-byte means over decided, non-padding positions):
+    L_pi     = - mean_t log pi(a_t) * sg(A_t),  A = batch-relative discounted early-exit-relative reward
+    L_target = mean(l) * sg(mean(p) - pi_target)                         (eq. 24)
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+
+from learntok.boundaries.base import BoundaryOutput, BoundaryStrategy
+from learntok.boundaries.reinforce import (
+    batch_relative_advantage,
+    discounted_returns,
+    sample_window_policy,
+    window_logits,
+)
+from learntok.config import BoundaryConfig
+from learntok.model.attention import softcap
+from learntok.model.layers import RMSNorm
+
+
+class LearnedBoundaries(BoundaryStrategy):
+    learns_by = "score_function"
+    uses_rewards = True
+
+    def __init__(self, cfg: BoundaryConfig, dim: int):
+        super().__init__()
+        if cfg.policy_window < 0:
+            raise ValueError(f"policy_window must be >= 0, got {cfg.policy_window}")
+        if not 0 < cfg.target_rate < 1:
+            raise ValueError(f"target_rate must be in (0, 1), got {cfg.target_rate}")
+        self.cfg = cfg
+        self.norm = RMSNorm(dim)
+        # One matmul gives W_0 X_t (content) and W_j X_t (j = 1..w, previous-boundary terms) for every t.
+        self.proj = nn.Linear(dim, cfg.policy_window + 1, bias=False)
+        self.bias = math.log(cfg.target_rate / (1 - cfg.target_rate))  # logit(pi_target)
+
+    def propose(self, x, ids, *, noise, generator):
+        cfg = self.cfg
+        B, T, _ = x.shape
+        h = x.detach() if cfg.detach_encoder else x
+        c = self.proj(self.norm(h)).float() / cfg.logit_scale  # (B,T,w+1)
+        base, coef = c[..., 0] + self.bias, c[..., 1:]  # (B,T), (B,T,w)
+        cap = cfg.logit_softcap if self.training else 0.0
+        forced = torch.zeros(B, T, dtype=torch.bool, device=x.device)
+        forced[:, 0] = True
+        if cfg.force_last:
+            forced[:, -1] = True
+        if noise is None:
+            if not self.training and cfg.eval_boundaries == "greedy":
+                noise = torch.full((B, T), 0.5, device=x.device)  # u = 0.5: a_t = [p_t > 0.5]
+            else:
+                noise = torch.rand(B, T, generator=generator, device=x.device)
+        mask, rounds = sample_window_policy(base.detach(), coef.detach(), noise, forced, cap)
+        logits = softcap(window_logits(base, coef, mask), cap)  # (B,T), with grad
+        logits = logits.masked_fill(forced, 100.0)  # forced: p = 1, no gradient (method.md §8.6)
+        af = mask.float()
+        log_prob = af * nn.functional.logsigmoid(logits) + (1 - af) * nn.functional.logsigmoid(-logits)
+        return BoundaryOutput(mask=mask, probs=torch.sigmoid(logits), logits=logits, log_prob=log_prob,
+                              free=~forced, stats={"boundary/sample_rounds": float(rounds)})
+
+    def losses(self, out, logp, logp_early, valid):
+        cfg = self.cfg
+        keep = valid & out.free  # (B,T) positions whose decision is trained
+        kf = keep.float()
+        n = kf.sum().clamp(min=1)
+        # Reward of the prediction made at position t (of byte t+1): how much the full model beats the
+        # early-exit head. Decision a_t affects predictions at t, t+1, ..., so its return starts at r_t.
+        r = ((logp - logp_early) * valid.float()).float()  # (B,T)
+        g = discounted_returns(r, cfg.gamma)  # (B,T)
+        adv = batch_relative_advantage(g, valid)  # (B,T)
+        if cfg.normalize_advantage:
+            adv = adv / (adv[keep].std() + 1e-6)
+        policy = -(out.log_prob * adv.detach() * kf).sum() / n
+        p_mean = (out.probs * kf).sum() / n
+        l_mean = (out.logits * kf).sum() / n
+        target = l_mean * (p_mean - cfg.target_rate).detach()
+        return {
+            "loss/policy": cfg.lambda_policy * policy,
+            "loss/target": cfg.lambda_target * target,
+            "stats/p_mean": p_mean.detach(),
+            "stats/neg_log_pi": (-(out.log_prob.detach() * kf).sum() / n),
+            "stats/adv_std": adv[keep].std().detach() if keep.sum() > 1 else torch.zeros(()),
+            "stats/reward_mean": (r * kf).sum() / n,
+        }

@@ -1,0 +1,114 @@
+"""The score-function (REINFORCE) estimator's maths (method.md §2-3, paper eq. 15-24).
+
+Pure functions on tensors, each with a plain reference beside it for the tests:
+
+- `sample_window_policy`: draw a_t ~ Bernoulli(sigmoid(l_t)) where l_t depends on a_{t-1..t-w}, without a
+  Python loop over bytes (Jacobi fixed-point iteration; exact, see its docstring).
+- `discounted_returns`: G_t = sum_{j>=0} gamma^j r_{t+j}, a reverse discounted cumsum done with two small
+  triangular matmuls (no gamma^-t factors, which overflow at T = 4096).
+- `batch_relative_advantage`: A_{t,b} = G_{t,b} - mean_b G_{t,b} over valid rows.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from learntok.model.attention import softcap
+
+
+def previous_boundaries(a: torch.Tensor, w: int) -> torch.Tensor:
+    """(B,T) {0,1} -> (B,T,w) float where [..., t, j] = a_{t-1-j} (0 before the sequence start)."""
+    B, T = a.shape
+    padded = F.pad(a.float(), (w, 0))  # (B, T+w)
+    win = padded.unfold(1, w, 1)[:, :T]  # (B,T,w): [..., t, :] = a_{t-w} .. a_{t-1}
+    return win.flip(-1)
+
+
+def window_logits(base: torch.Tensor, coef: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    """l_t = base_t + sum_j a_{t-1-j} coef_{t,j} (eq. 21 after scaling). base (B,T), coef (B,T,w)."""
+    if coef.shape[-1] == 0:
+        return base
+    return base + (previous_boundaries(a, coef.shape[-1]) * coef).sum(-1)
+
+
+@torch.no_grad()
+def sample_window_policy(base: torch.Tensor, coef: torch.Tensor, u: torch.Tensor, forced: torch.Tensor,
+                         cap: float) -> tuple[torch.Tensor, int]:
+    """Sample a_t = [u_t < sigmoid(softcap(l_t))] (or forced) for all t at once.
+
+    a_t depends on a_{<t} only, so the map F(a)_t = [u_t < sigmoid(softcap(l_t(a_{<t})))] has exactly one
+    fixed point: the sequentially sampled sequence. Jacobi iteration a <- F(a) reaches it, and once F(a)
+    equals a we have it exactly. Iteration k fixes at least the first k positions, so it stops after at most
+    T + 1 rounds; in practice the policy's dependence on earlier boundaries is small (1/D scaling) and a few
+    rounds suffice. Returns (a bool (B,T), rounds used).
+    """
+    a = forced | (u < torch.sigmoid(softcap(base, cap)))
+    if coef.shape[-1] == 0:
+        return a, 1
+    for rounds in range(2, a.shape[1] + 2):
+        new = forced | (u < torch.sigmoid(softcap(window_logits(base, coef, a), cap)))
+        if torch.equal(new, a):
+            return a, rounds
+        a = new
+    return a, rounds
+
+
+@torch.no_grad()
+def reference_sample(base: torch.Tensor, coef: torch.Tensor, u: torch.Tensor, forced: torch.Tensor,
+                     cap: float) -> torch.Tensor:
+    """The naive sequential sampler, one byte at a time (for tests)."""
+    B, T = base.shape
+    w = coef.shape[-1]
+    a = torch.zeros(B, T, dtype=torch.bool)
+    for t in range(T):
+        prev = torch.stack([a[:, t - 1 - j] if t - 1 - j >= 0 else torch.zeros(B, dtype=torch.bool)
+                            for j in range(w)], -1).float() if w else torch.zeros(B, 0)
+        logit = base[:, t] + (prev * coef[:, t]).sum(-1) if w else base[:, t]
+        a[:, t] = forced[:, t] | (u[:, t] < torch.sigmoid(softcap(logit, cap)))
+    return a
+
+
+def discounted_returns(r: torch.Tensor, gamma: float, chunk: int = 256) -> torch.Tensor:
+    """G_t = sum_{j>=0} gamma^j r_{t+j} along dim 1. r: (B,T) -> (B,T).
+
+    Within chunks of C positions: G_loc = r @ M^T with M[i,k] = gamma^(k-i) for k >= i. Across chunks the
+    start values S_c obey S_c = G_loc[c,0] + gamma^C S_{c+1}: the same triangular form with gamma^C.
+    Then G[c,i] = G_loc[c,i] + gamma^(C-i) S_{c+1}. Only non-negative powers appear, so nothing overflows.
+    """
+    B, T = r.shape
+    C = min(chunk, T)
+    pad = (-T) % C
+    n = (T + pad) // C
+    rc = F.pad(r, (0, pad)).view(B, n, C)  # (B,n,C)
+    dtype, dev = r.dtype, r.device
+
+    def tri(size: int, g: float) -> torch.Tensor:  # (size,size): g^(k-i) for k >= i, else 0
+        e = torch.arange(size, device=dev, dtype=torch.float64)
+        d = e[None, :] - e[:, None]
+        return torch.where(d >= 0, torch.tensor(g, dtype=torch.float64, device=dev) ** d.clamp(min=0), 0.0).to(dtype)
+
+    g_loc = rc @ tri(C, gamma).T  # (B,n,C)
+    s = g_loc[:, :, 0] @ tri(n, gamma**C).T  # (B,n) return at each chunk start
+    s_next = F.pad(s[:, 1:], (0, 1))  # (B,n) S_{c+1}, 0 after the last chunk
+    offsets = torch.arange(C, device=dev, dtype=torch.float64)
+    tail = torch.tensor(gamma, dtype=torch.float64, device=dev) ** (C - offsets)  # gamma^(C-i)
+    g = g_loc + tail.to(dtype) * s_next.unsqueeze(-1)  # (B,n,C)
+    return g.reshape(B, n * C)[:, :T]
+
+
+def reference_returns(r: torch.Tensor, gamma: float) -> torch.Tensor:
+    """Plain reverse loop G_t = r_t + gamma G_{t+1} (for tests)."""
+    g = torch.zeros_like(r)
+    acc = torch.zeros(r.shape[0], dtype=r.dtype)
+    for t in reversed(range(r.shape[1])):
+        acc = r[:, t] + gamma * acc
+        g[:, t] = acc
+    return g
+
+
+def batch_relative_advantage(g: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """A_{t,b} = G_{t,b} - mean over valid b of G_{t,b} (eq. 17); 0 at invalid entries. (B,T) -> (B,T)."""
+    vf = valid.to(g.dtype)
+    mean = (g * vf).sum(0) / vf.sum(0).clamp(min=1)  # (T,)
+    return (g - mean) * vf

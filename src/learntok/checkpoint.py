@@ -1,0 +1,59 @@
+"""Checkpoints: safetensors weights + a torch file of optimizer / RNG / data-position state.
+
+Layout of a run directory:
+    config.json          the TrainConfig (+ git SHA and library versions)
+    metrics.jsonl        one JSON object per logged step / evaluation
+    step_000200/         model.safetensors, train_state.pt
+    latest               name of the newest complete checkpoint directory
+
+A checkpoint directory is written under a temporary name and renamed when complete, and `latest` is
+replaced atomically afterwards, so an interrupted write never leaves a half checkpoint behind `latest`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_model, save_model
+
+
+def save_checkpoint(run_dir: Path, step: int, model: torch.nn.Module, state: dict, keep: int = 2) -> Path:
+    """Write step_{step:06d}/ atomically, point `latest` at it, keep the newest `keep` checkpoints."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    name = f"step_{step:06d}"
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=run_dir))
+    save_model(model, str(tmp / "model.safetensors"))  # save_model handles tied/shared tensors
+    torch.save(state, tmp / "train_state.pt")
+    final = run_dir / name
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    pointer = run_dir / ".latest.tmp"
+    pointer.write_text(name + "\n")
+    os.replace(pointer, run_dir / "latest")
+    ckpts = sorted(p for p in run_dir.glob("step_*") if p.is_dir())
+    for old in ckpts[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The directory `latest` names, or None if the run has no complete checkpoint."""
+    pointer = run_dir / "latest"
+    if not pointer.exists():
+        return None
+    path = run_dir / pointer.read_text().strip()
+    return path if (path / "model.safetensors").exists() and (path / "train_state.pt").exists() else None
+
+
+def load_checkpoint(path: Path, model: torch.nn.Module) -> dict:
+    """Load weights into `model` (strict: a missing or unexpected tensor is an error) and return the state."""
+    missing, unexpected = load_model(model, str(path / "model.safetensors"), strict=False)
+    if missing or unexpected:
+        raise ValueError(f"checkpoint {path} does not match the model: missing {sorted(missing)[:5]}, "
+                         f"unexpected {sorted(unexpected)[:5]}")
+    return torch.load(path / "train_state.pt", map_location="cpu", weights_only=True)

@@ -1,0 +1,1 @@
+"""The autoregressive U-Net and its layers."""

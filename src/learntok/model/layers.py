@@ -1,0 +1,90 @@
+"""Gemma-2-style transformer pieces: RMSNorm, rotary embeddings, GeGLU MLP, attention, Block.
+
+Pure maths, no device code. Shapes: B batch, T sequence (bytes or tokens), D width, H heads.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from learntok.model.attention import attend
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * weight (computed in fp32 for stability under autocast)."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (xf * self.weight.float()).type_as(x)
+
+
+def rope_tables(pos: torch.Tensor, dim: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin for rotary embeddings at integer positions `pos` (T,) or (B,T) -> (..., 1, T, dim/2)
+    broadcastable against (B,H,T,dim/2)."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, device=pos.device, dtype=torch.float32) / dim))
+    ang = pos.float()[..., None] * inv_freq  # (..., T, dim/2)
+    ang = ang.unsqueeze(-3)  # (..., 1, T, dim/2): a head axis
+    return ang.cos(), ang.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (x1, x2) = halves of the head dimension. x: (B,H,T,dh)."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    out = torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+    return out.type_as(x)
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention with RoPE; `window=None` is full causal, else causal sliding window."""
+
+    def __init__(self, dim: int, n_heads: int, window: int | None, cap: float, backend: str):
+        super().__init__()
+        if dim % n_heads:
+            raise ValueError(f"d_model={dim} is not divisible by n_heads={n_heads}")
+        self.n_heads, self.window, self.cap, self.backend = n_heads, window, cap, backend
+        self.qkv = nn.Linear(dim, 3 * dim, bias=False)
+        self.proj = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        B, T, D = x.shape
+        qkv = self.qkv(x).view(B, T, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)  # (3,B,H,T,dh)
+        q, k = apply_rope(qkv[:2], *rope).unbind(0)  # rotate q and k in one pass
+        v = qkv[2]
+        y = attend(q, k, v, window=self.window, cap=self.cap, backend=self.backend)  # (B,H,T,dh)
+        return self.proj(y.transpose(1, 2).reshape(B, T, D))
+
+
+class GeGLU(nn.Module):
+    """gelu(x W_g) * (x W_u) W_d, with W_g and W_u fused into one matmul."""
+
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.up = nn.Linear(dim, 2 * hidden, bias=False)
+        self.down = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.up(x).chunk(2, dim=-1)
+        return self.down(F.gelu(gate, approximate="tanh") * up)
+
+
+class Block(nn.Module):
+    """Gemma 2 block: x + post_norm(attn(pre_norm(x))), then the same around the MLP."""
+
+    def __init__(self, dim: int, n_heads: int, mlp_hidden: int, window: int | None, cap: float, backend: str):
+        super().__init__()
+        self.attn_pre, self.attn_post = RMSNorm(dim), RMSNorm(dim)
+        self.mlp_pre, self.mlp_post = RMSNorm(dim), RMSNorm(dim)
+        self.attn = Attention(dim, n_heads, window, cap, backend)
+        self.mlp = GeGLU(dim, mlp_hidden)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x = x + self.attn_post(self.attn(self.attn_pre(x), rope))
+        return x + self.mlp_post(self.mlp(self.mlp_pre(x)))

@@ -1,0 +1,88 @@
+"""Presets: plain functions returning a TrainConfig. The command line overrides any field.
+
+| preset          | what it is                                                                  |
+|-----------------|-----------------------------------------------------------------------------|
+| tiny            | the CPU demo: a few minutes on 2 cores, on the built-in data                |
+| small           | a CPU-hours model                                                           |
+| paper-147m      | paper Table 2, FineWeb column (d 768, 4/12/4, 128 x 4096 B, 6e9 bytes)      |
+| paper-90m-code  | paper Table 2, CodeParrot column (d 768, 4/6/4, 3.4e9 bytes)                |
+| paper-aspect-N  | paper Table 2, aspect-ratio column: d 512, 4/N/4, rate 1/N (default N = 5)  |
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from learntok.config import BoundaryConfig, DataConfig, ModelConfig, TrainConfig
+
+
+def tiny() -> TrainConfig:
+    """About 4 minutes of training on 2 CPU cores (1,000 steps of 8 x 512 bytes)."""
+    return TrainConfig(
+        preset="tiny", out="runs/tiny",
+        model=ModelConfig(d_model=128, n_heads=2, n_down=1, n_mid=2, n_up=1, byte_window=32),
+        boundary=BoundaryConfig(),
+        data_cfg=DataConfig(seq_len=512),
+        batch_size=8, max_steps=1000, warmup_bytes=2e5, lr=3e-3,
+        eval_every=250, ckpt_every=250, log_every=10,
+    )
+
+
+def small() -> TrainConfig:
+    """A CPU-hours model: d 256, 2/6/2 layers, 16 x 1024 bytes per step, 3e7 bytes."""
+    return TrainConfig(
+        preset="small", out="runs/small",
+        model=ModelConfig(d_model=256, n_heads=4, n_down=2, n_mid=6, n_up=2, byte_window=32),
+        boundary=BoundaryConfig(),
+        data_cfg=DataConfig(seq_len=1024),
+        batch_size=16, max_bytes=3e7, warmup_bytes=1e6, lr=2e-3,
+        eval_every=250, ckpt_every=250,
+    )
+
+
+def _paper(name: str, *, d: int, heads: int, mid: int, lr: float, batch: int, warmup: float, total: float,
+           rate: float = 0.2) -> TrainConfig:
+    """Shared shape of the paper's recipes (Table 2): byte window 64, 4096-byte sequences, AdamW(0.9, 0.999),
+    cosine after warm-up, the paper's document rule (keep >= N bytes, truncate)."""
+    return TrainConfig(
+        preset=name, out=f"runs/{name}",
+        model=ModelConfig(d_model=d, n_heads=heads, n_down=4, n_mid=mid, n_up=4, byte_window=64),
+        boundary=BoundaryConfig(target_rate=rate),
+        data_cfg=DataConfig(seq_len=4096, pack=False, val_bytes=4096 * 256),
+        batch_size=batch, max_bytes=total, warmup_bytes=warmup, lr=lr, min_lr_ratio=0.0,
+        eval_every=500, ckpt_every=500, log_every=10,
+    )
+
+
+def paper_147m() -> TrainConfig:
+    return _paper("paper-147m", d=768, heads=12, mid=12, lr=1.5e-3, batch=128, warmup=4.5e8, total=6e9)
+
+
+def paper_90m_code() -> TrainConfig:
+    return _paper("paper-90m-code", d=768, heads=12, mid=6, lr=2e-3, batch=128, warmup=2.5e8, total=3.4e9)
+
+
+def paper_aspect(n: int = 5) -> TrainConfig:
+    """Aspect-ratio study: n token-level layers and target rate 1/n."""
+    return _paper(f"paper-aspect-{n}", d=512, heads=8, mid=n, lr=3e-3, batch=64, warmup=1.1e8, total=1.5e9,
+                  rate=1.0 / n)
+
+
+PRESETS: dict[str, Callable[[], TrainConfig]] = {
+    "tiny": tiny,
+    "small": small,
+    "paper-147m": paper_147m,
+    "paper-90m-code": paper_90m_code,
+    "paper-aspect": paper_aspect,
+}
+
+
+def get_preset(name: str) -> TrainConfig:
+    """Look up a preset by name; `paper-aspect-N` selects N token-level layers."""
+    m = re.fullmatch(r"paper-aspect-(\d+)", name)
+    if m:
+        return paper_aspect(int(m.group(1)))
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose one of: {', '.join(PRESETS)}, paper-aspect-N")
+    return PRESETS[name]()

@@ -1,0 +1,45 @@
+"""Shared fixtures: tiny CPU configs and small on-disk corpora."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from learntok.config import BoundaryConfig, DataConfig, ModelConfig, TrainConfig
+
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+torch.set_num_threads(min(2, torch.get_num_threads()))
+
+
+def tiny_model(**kw) -> ModelConfig:
+    base = dict(d_model=32, n_heads=2, n_down=1, n_mid=1, n_up=1, byte_window=8)
+    base.update(kw)
+    return ModelConfig(**base)
+
+
+@pytest.fixture
+def text_corpus(tmp_path: Path) -> Path:
+    """A directory with train/valid .txt files of real-looking English and code."""
+    d = tmp_path / "corpus"
+    (d / "train").mkdir(parents=True)
+    (d / "valid").mkdir()
+    src = Path(torch.__file__).read_text(encoding="utf-8")  # real text that is always there
+    lines = src.splitlines()
+    for i in range(8):
+        (d / "train" / f"{i}.txt").write_text("\n".join(lines[i * 200:(i + 1) * 200]) + "\n")
+    (d / "valid" / "0.txt").write_text("\n".join(lines[1600:1800]) + "\n")
+    return d
+
+
+def tiny_train_config(out: Path, data: Path | str, **kw) -> TrainConfig:
+    base = dict(
+        out=str(out), model=tiny_model(), boundary=BoundaryConfig(),
+        data_cfg=DataConfig(data=str(data), seq_len=64, val_bytes=64 * 8),
+        batch_size=4, max_steps=6, warmup_bytes=256, lr=3e-3, log_every=1, eval_every=0, ckpt_every=0,
+        progress=False, seed=0,
+    )
+    base.update(kw)
+    return TrainConfig(**base)

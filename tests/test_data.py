@@ -1,0 +1,248 @@
+"""Tests of learntok.data: reading, splitting, packing and the resumable batch order."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import lzma
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from learntok.config import DataConfig
+from learntok.data import (
+    BatchIterator,
+    ByteSequences,
+    DataError,
+    describe,
+    is_stdlib_val,
+    iter_documents,
+    load_splits,
+    stdlib_files,
+    val_batches,
+)
+from learntok.vocab import BOS, EOS
+
+DOCS = ["hello world\n", "second document ü\n", "third 🐍"]
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+def _compress(data: bytes, comp: str) -> bytes:
+    if comp == ".gz":
+        return gzip.compress(data)
+    if comp == ".xz":
+        return lzma.compress(data)
+    if comp == ".zst":
+        zstandard = pytest.importorskip("zstandard", reason="zstandard not installed")
+        return zstandard.ZstdCompressor().compress(data)
+    return data
+
+
+def _jsonl(rows: list[dict]) -> bytes:
+    return "".join(json.dumps(r) + "\n" for r in rows).encode()
+
+
+def _texts(spec: str, field: str = "text") -> list[str]:
+    return [t.decode() for _, t in iter_documents(spec, field)]
+
+
+@pytest.mark.parametrize("comp", ["", ".gz", ".xz", ".zst"])
+def test_formats_read_back_same_documents(tmp_path: Path, comp: str) -> None:
+    for i, d in enumerate(DOCS):
+        (tmp_path / f"d{i}.txt{comp}").write_bytes(_compress(d.encode(), comp))
+    assert _texts(str(tmp_path)) == DOCS
+
+    jl = tmp_path / f"rows.jsonl{comp}"
+    jl.write_bytes(_compress(_jsonl([{"text": d, "id": i} for i, d in enumerate(DOCS)] + [{"text": ""}]), comp))
+    docs = list(iter_documents(str(jl)))
+    assert [t.decode() for _, t in docs] == DOCS
+    assert [k for k, _ in docs] == [f"{jl}:{i}" for i in (1, 2, 3)]
+
+
+@pytest.mark.parametrize("comp", ["", ".gz"])
+def test_parquet(tmp_path: Path, comp: str) -> None:
+    pa = pytest.importorskip("pyarrow", reason="pyarrow not installed (pip install pyarrow)")
+    pq = pytest.importorskip("pyarrow.parquet", reason="pyarrow not installed (pip install pyarrow)")
+    plain = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"body": DOCS + [None, ""]}), plain)
+    path = tmp_path / f"x.parquet{comp}"
+    path.write_bytes(_compress(plain.read_bytes(), comp))
+    plain.unlink()
+    docs = list(iter_documents(str(path), "body"))
+    assert [t.decode() for _, t in docs] == DOCS and docs[1][0] == f"{path}:1"
+    with pytest.raises(DataError, match="no column 'text'"):
+        list(iter_documents(str(path)))
+
+
+def test_directory_glob_and_text_field(tmp_path: Path) -> None:
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b.md").write_text("bee")
+    (tmp_path / "a.py").write_text("print(1)")
+    (tmp_path / "c.jsonl").write_bytes(_jsonl([{"content": "x1"}, {"content": "x2"}]))
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "notes.csv").write_text("ignored")
+    (tmp_path / ".hidden.txt").write_text("ignored")
+    assert _texts(str(tmp_path), "content") == ["print(1)", "x1", "x2", "bee"]
+    assert _texts(str(tmp_path / "*.py")) == ["print(1)"]
+    assert _texts(str(tmp_path / "**" / "*.md")) == ["bee"]
+    with pytest.raises(DataError, match="no field 'text'"):
+        list(iter_documents(str(tmp_path)))
+
+
+def test_errors(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "ok"}\n\n{"text": oops}\n')
+    with pytest.raises(DataError, match=rf"{bad}:3: line is not valid JSON"):
+        list(iter_documents(str(bad)))
+    with pytest.raises(DataError, match="no such file"):
+        list(iter_documents(str(tmp_path / "missing.txt")))
+    with pytest.raises(DataError, match="glob matches nothing"):
+        list(iter_documents(str(tmp_path / "*.nothing")))
+    (tmp_path / "d").mkdir()
+    with pytest.raises(DataError, match="no supported files"):
+        list(iter_documents(str(tmp_path / "d")))
+    (tmp_path / "x.csv").write_text("a,b")
+    with pytest.raises(DataError, match="unsupported file type"):
+        list(iter_documents(str(tmp_path / "x.csv")))
+    (tmp_path / "d" / "blob.txt").write_bytes(bytes(range(256)) * 4)
+    (tmp_path / "d" / "nul.txt").write_bytes(b"a\x00b\x00" * 100)
+    with pytest.raises(DataError, match="binary"):
+        list(iter_documents(str(tmp_path / "d")))
+    (tmp_path / "d" / "e.txt").write_text("")
+    with pytest.raises(DataError, match="binary"):
+        list(iter_documents(str(tmp_path / "d")))
+    (tmp_path / "e").mkdir()
+    (tmp_path / "e" / "e.txt").write_text("")
+    with pytest.raises(DataError, match="no documents"):
+        list(iter_documents(str(tmp_path / "e")))
+    (tmp_path / "d" / "good.txt").write_text("text")
+    with pytest.warns(UserWarning, match="skipped 2 binary"):
+        assert _texts(str(tmp_path / "d")) == ["text"]
+    with pytest.raises(DataError, match="seq_len must be at least 2"):
+        ByteSequences([b"abc"], seq_len=1)
+    with pytest.raises(DataError, match="not enough data"):
+        ByteSequences([b"abc"], seq_len=8)
+
+
+def test_stdlib_corpus_split() -> None:
+    files = stdlib_files()
+    assert len(files) > 100
+    assert all(not {"test", "tests", "site-packages", "__pycache__"} & set(k.split("/")) for k, _ in files)
+    keys = [k for k, _ in iter_documents("stdlib")]
+    assert len(keys) == len(set(keys)) and keys == sorted(keys)
+    val_keys = {k for k in keys if is_stdlib_val(k)}
+    assert 0.02 < len(val_keys) / len(keys) < 0.09
+    train, val = load_splits(DataConfig())
+    assert (train, val) == load_splits(DataConfig())
+    assert len(val) == len(val_keys) and len(train) == len(keys) - len(val_keys)
+
+
+def test_hash_holdout_and_fallback(tmp_path: Path) -> None:
+    path = tmp_path / "docs.jsonl"
+    path.write_bytes(_jsonl([{"text": f"document number {i}"} for i in range(400)]))
+    train, val = load_splits(DataConfig(data=str(path), val_fraction=0.1))
+    assert len(train) + len(val) == 400 and 15 < len(val) < 70 and not set(train) & set(val)
+    assert (train, val) == load_splits(DataConfig(data=str(path), val_fraction=0.1))
+    one = tmp_path / "one.txt"
+    one.write_text("single")
+    with pytest.raises(DataError, match="too few to hold out"):
+        load_splits(DataConfig(data=str(one), val_fraction=0.0))
+    two = tmp_path / "two"
+    two.mkdir()
+    (two / "a.txt").write_text("first")
+    (two / "b.txt").write_text("second")
+    assert load_splits(DataConfig(data=str(two), val_fraction=0.0)) == ([b"first"], [b"second"])
+    assert load_splits(DataConfig(data=str(two / "a.txt"), val_data=str(two / "b.txt"))) == ([b"first"], [b"second"])
+
+
+def test_train_valid_directory(tmp_path: Path) -> None:
+    (tmp_path / "train.jsonl.xz").write_bytes(lzma.compress(_jsonl([{"text": "tr1"}, {"text": "tr2"}])))
+    (tmp_path / "valid.jsonl.xz").write_bytes(lzma.compress(_jsonl([{"text": "va1"}])))
+    (tmp_path / "test.jsonl.xz").write_bytes(lzma.compress(_jsonl([{"text": "te1"}])))
+    train, val = load_splits(DataConfig(data=str(tmp_path)))
+    assert (train, val) == ([b"tr1", b"tr2"], [b"va1"])
+    assert "train 2 docs / 6 B, val 1 docs / 3 B" in describe(train, val)
+
+
+def test_packing() -> None:
+    docs = [b"abcde", b"fg", b"hijklmn"]
+    seqs = ByteSequences(docs, seq_len=4, pack=True)
+    stream = [*b"abcde", EOS, *b"fg", EOS, *b"hijklmn", EOS]
+    assert len(seqs) == len(stream) // 4 == 4
+    for i in range(len(seqs)):
+        s = seqs[i]
+        assert s.dtype == np.int64 and s.shape == (5,)
+        assert s[0] == BOS and list(s[1:]) == stream[4 * i:4 * i + 4]
+    unpacked = ByteSequences(docs, seq_len=4, pack=False)
+    assert len(unpacked) == 2
+    assert [list(unpacked[i]) for i in range(2)] == [[BOS, *b"abcd"], [BOS, *b"hijk"]]
+    assert seqs.windows.dtype == np.uint16
+
+
+def _seqs(n: int = 37) -> ByteSequences:
+    return ByteSequences([bytes([i % 256]) * 3 for i in range(n)], seq_len=3, pack=False)
+
+
+def test_batch_iterator_determinism_and_resume() -> None:
+    seqs = _seqs()
+    a, b = BatchIterator(seqs, 4, seed=7), BatchIterator(seqs, 4, seed=7)
+    for _ in range(20):  # crosses several epochs (9 batches per epoch)
+        x, y = a.next_batch(), b.next_batch()
+        assert x.dtype == torch.long and x.shape == (4, 4) and torch.equal(x, y)
+    assert not torch.equal(BatchIterator(seqs, 4, seed=8).next_batch(), BatchIterator(seqs, 4, seed=7).next_batch())
+    state = json.loads(json.dumps(a.state_dict()))
+    expected = [a.next_batch() for _ in range(5)]
+    c = BatchIterator(seqs, 4, seed=0)
+    c.load_state_dict(state)
+    assert all(torch.equal(e, c.next_batch()) for e in expected)
+    # one epoch visits distinct sequences (first byte identifies the sequence)
+    d = BatchIterator(seqs, 4, seed=1)
+    seen = torch.cat([d.next_batch()[:, 1] for _ in range(9)]).tolist()
+    assert len(set(seen)) == 36
+
+
+def test_batch_iterator_ranks_match_single_process() -> None:
+    seqs = _seqs()
+    single = BatchIterator(seqs, 6, seed=3)
+    ranks = [BatchIterator(seqs, 3, seed=3, rank=r, world_size=2) for r in range(2)]
+    for _ in range(15):
+        assert torch.equal(single.next_batch(), torch.cat([it.next_batch() for it in ranks]))
+
+
+def test_batch_iterator_small_dataset_and_val_batches() -> None:
+    seqs = _seqs(3)
+    it = BatchIterator(seqs, 8, seed=0)
+    for _ in range(3):
+        assert it.next_batch().shape == (8, 4)
+    vb = val_batches(_seqs(), batch_size=4, max_bytes=30)
+    assert [b.shape[0] for b in vb] == [4, 4, 2]
+    assert torch.cat(vb)[:, 1].tolist() == list(range(10))
+    assert len(val_batches(seqs, 4, max_bytes=0)) == 1
+
+
+def test_hf_local_dataset(tmp_path: Path) -> None:
+    datasets = pytest.importorskip("datasets", reason="datasets not installed (pip install datasets)")
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": DOCS + [""]}),
+                          "validation": datasets.Dataset.from_dict({"text": ["v"]})}).save_to_disk(tmp_path / "ds")
+    assert _texts(f"hf:{tmp_path / 'ds'}") == DOCS
+    assert [k for k, _ in iter_documents(f"hf:{tmp_path / 'ds'}:validation")] == [f"hf:{tmp_path / 'ds'}:0"]
+    with pytest.raises(DataError, match="cannot load"):
+        list(iter_documents(f"hf:{tmp_path / 'ds'}:nosuchsplit"))
+
+
+def test_shared_enwiki_valid() -> None:
+    path = SHARED_DATA / "text" / "enwiki" / "valid.jsonl.xz"
+    if not path.exists():
+        pytest.skip(f"../shared/data not present: {path} is missing")
+    assert sum(1 for _ in iter_documents(str(path))) == 435
+
+
+@pytest.mark.parametrize("comp", [".gz", ".xz", ".zst"])
+def test_corrupt_compressed_file(tmp_path: Path, comp: str) -> None:
+    for name in ("a.txt", "b.jsonl"):
+        path = tmp_path / (name + comp)
+        path.write_bytes(_compress(_jsonl([{"text": "x" * 1000}]), comp)[:-8] + b"garbage!")
+        with pytest.raises(DataError, match="cannot read or decompress"):
+            list(iter_documents(str(path)))

@@ -1,0 +1,163 @@
+"""The score-function estimator: exact enumeration, returns, advantages, sampling, rate targeting."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from learntok.boundaries.learned import LearnedBoundaries
+from learntok.boundaries.reinforce import (
+    batch_relative_advantage,
+    discounted_returns,
+    reference_returns,
+    reference_sample,
+    sample_window_policy,
+    window_logits,
+)
+from learntok.config import BoundaryConfig
+
+
+@pytest.mark.parametrize("T,gamma,chunk", [(1, 0.99, 256), (37, 0.9, 8), (600, 0.99, 256), (4096, 0.99, 256),
+                                           (100, 1.0, 16)])
+def test_discounted_returns_equal_loop(T, gamma, chunk):
+    r = torch.randn(3, T, dtype=torch.float64)
+    torch.testing.assert_close(discounted_returns(r, gamma, chunk), reference_returns(r, gamma), rtol=1e-9,
+                               atol=1e-9)
+
+
+def test_discounted_returns_float32_long_sequence_is_accurate():
+    r = torch.randn(2, 4096)
+    ref = reference_returns(r.double(), 0.99)
+    torch.testing.assert_close(discounted_returns(r, 0.99).double(), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_batch_centring_zero_mean_per_position():
+    g = torch.randn(5, 30)
+    valid = torch.ones(5, 30, dtype=torch.bool)
+    valid[3, 20:] = False  # padding at the end of one row
+    a = batch_relative_advantage(g, valid)
+    mean = (a * valid).sum(0) / valid.sum(0)
+    assert mean.abs().max() < 1e-6
+    assert (a[~valid] == 0).all()
+    # a padded entry does not shift the other rows' baseline
+    g2 = g.clone()
+    g2[3, 20:] = 1e6
+    assert torch.equal(batch_relative_advantage(g2, valid), a)
+
+
+@pytest.mark.parametrize("w,cap", [(0, 0.0), (1, 6.0), (3, 0.0), (8, 6.0)])
+def test_window_sampler_equals_sequential_reference(w, cap):
+    torch.manual_seed(w)
+    B, T = 4, 300
+    base = torch.randn(B, T)
+    coef = 3 * torch.randn(B, T, w)  # strong dependence on previous boundaries: long Jacobi chains
+    u = torch.rand(B, T)
+    forced = torch.zeros(B, T, dtype=torch.bool)
+    forced[:, 0] = True
+    fast, rounds = sample_window_policy(base, coef, u, forced, cap)
+    assert torch.equal(fast, reference_sample(base, coef, u, forced, cap))
+    assert rounds <= T + 1
+
+
+def _toy_problem(n=6, w=2, seed=0):
+    """A window policy over n bytes and causal per-byte rewards r_k(a_<=k) that depend strongly on a_k."""
+    g = torch.Generator().manual_seed(seed)
+    base = (0.5 * torch.randn(n, generator=g)).requires_grad_()
+    coef = (0.8 * torch.randn(n, w, generator=g)).requires_grad_()
+    v = torch.randn(n, generator=g)
+    tri = torch.tril(torch.randn(n, n, generator=g)) + 2 * torch.eye(n)
+
+    def rewards(a: torch.Tensor) -> torch.Tensor:  # (N,n) {0,1} -> (N,n): log sigmoid(v_k + sum_{j<=k} M_kj a_j)
+        return torch.nn.functional.logsigmoid(v + a.float() @ tri.T)
+
+    return base, coef, rewards
+
+
+def _log_pi(base, coef, a):
+    lg = window_logits(base.expand(a.shape[0], -1), coef.expand(a.shape[0], -1, -1), a)
+    af = a.float()
+    return af * torch.nn.functional.logsigmoid(lg) + (1 - af) * torch.nn.functional.logsigmoid(-lg)  # (N,n)
+
+
+def _z_scores(drop_own_reward: bool, N=40000):
+    base, coef, rewards = _toy_problem()
+    n = base.shape[0]
+    # Exact gradient of E_a[sum_k r_k(a)] by enumerating all 2^n boundary sequences.
+    allseq = torch.tensor(list(itertools.product([0, 1], repeat=n)), dtype=torch.bool)  # (2^n, n)
+    prob = _log_pi(base, coef, allseq).sum(1).exp()
+    exact = torch.autograd.grad((prob * rewards(allseq).sum(1)).sum(), (base, coef))
+    # Monte-Carlo: per-decision REINFORCE with gamma = 1 and no centring, per-sample gradients.
+    g = torch.Generator().manual_seed(1)
+    u = torch.rand(N, n, generator=g)
+    forced = torch.zeros(N, n, dtype=torch.bool)
+    a, _ = sample_window_policy(base.detach().expand(N, -1), coef.detach().expand(N, -1, -1), u, forced, 0.0)
+    ret = discounted_returns(rewards(a), 1.0)
+    if drop_own_reward:  # the biased control: decision t credited only with later rewards
+        ret = ret - rewards(a)
+    b_rep = base.detach().repeat(N, 1).requires_grad_()
+    c_rep = coef.detach().repeat(N, 1, 1).requires_grad_()
+    lg = window_logits(b_rep, c_rep, a)
+    af = a.float()
+    logp = af * torch.nn.functional.logsigmoid(lg) + (1 - af) * torch.nn.functional.logsigmoid(-lg)
+    per_sample = torch.autograd.grad((logp * ret.detach()).sum(), (b_rep, c_rep))
+    zs = []
+    for ps, ex in zip(per_sample, exact):
+        ps = ps.reshape(N, -1)
+        se = ps.std(0) / N**0.5
+        diff = (ps.mean(0) - ex.reshape(-1)).abs()
+        # Zero spread (coefficients that look before the sequence start): the mean must be exact.
+        zs.append(torch.where(se > 0, diff / se.clamp(min=1e-30), torch.where(diff < 1e-7, 0.0, float("inf"))))
+    return torch.cat(zs)
+
+
+def test_reinforce_is_unbiased_against_exact_enumeration():
+    z = _z_scores(drop_own_reward=False)
+    assert z.max() < 4.5, z
+
+
+def test_biased_estimator_fails_the_same_check():
+    z = _z_scores(drop_own_reward=True)
+    assert z.max() > 4.5, z
+
+
+def test_policy_loss_is_minus_logprob_times_advantage():
+    torch.manual_seed(0)
+    cfg = BoundaryConfig(policy_window=2, lambda_policy=1.0, lambda_target=1.0)
+    pol = LearnedBoundaries(cfg, 8).train()
+    x = torch.randn(4, 20, 8, requires_grad=True)
+    out = pol.propose(x, torch.zeros(4, 20, dtype=torch.long), noise=torch.rand(4, 20), generator=None)
+    logp, logp_early = torch.randn(4, 20), torch.randn(4, 20)
+    valid = torch.ones(4, 20, dtype=torch.bool)
+    terms = pol.losses(out, logp, logp_early, valid)
+    adv = batch_relative_advantage(discounted_returns(logp - logp_early, cfg.gamma), valid)
+    keep = out.free
+    expected = -(out.log_prob * adv)[keep].mean()
+    torch.testing.assert_close(terms["loss/policy"], expected)
+    # forced a_0 = 1 carries no policy gradient
+    g = torch.autograd.grad(terms["loss/policy"], x)[0]
+    assert out.mask[:, 0].all() and torch.isfinite(g).all()
+
+
+def test_rate_targeting_alone_drives_mean_p_to_target():
+    torch.manual_seed(0)
+    cfg = BoundaryConfig(policy_window=2, target_rate=0.2, lambda_target=1.0)
+    pol = LearnedBoundaries(cfg, 16).train()
+    with torch.no_grad():
+        pol.proj.weight.normal_(0, 0.1)
+        pol.proj.weight[0].fill_(2.0)  # inputs have a positive mean: the content term starts p far above target
+    x = torch.randn(8, 64, 16) + 2.0
+    opt = torch.optim.Adam(pol.parameters(), lr=0.05)
+    valid = torch.ones(8, 64, dtype=torch.bool)
+    zeros = torch.zeros(8, 64)
+    start = None
+    for _ in range(300):
+        out = pol.propose(x, zeros.long(), noise=None, generator=None)
+        terms = pol.losses(out, zeros, zeros, valid)
+        start = float(terms["stats/p_mean"]) if start is None else start
+        opt.zero_grad()
+        terms["loss/target"].backward()
+        opt.step()
+    assert abs(start - 0.2) > 0.05
+    assert abs(float(terms["stats/p_mean"]) - 0.2) < 0.01

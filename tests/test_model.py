@@ -1,0 +1,152 @@
+"""The U-Net: no lookahead for every strategy, attention backends, pooling invariants, shapes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from learntok.boundaries import REGISTRY
+from learntok.boundaries.base import distribute_add, select
+from learntok.config import BoundaryConfig
+from learntok.model.attention import attend, reference_attention
+from learntok.model.lm import ByteLM
+from learntok.vocab import BOS, VOCAB_SIZE
+
+from .conftest import tiny_model
+
+STRATEGIES = sorted(REGISTRY)
+
+
+def _model(strategy: str, **kw) -> ByteLM:
+    torch.manual_seed(0)
+    m = ByteLM(tiny_model(**kw), BoundaryConfig(boundaries=strategy, policy_window=3))
+    return m.train()
+
+
+def _ids(B: int, T: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 256, (B, T + 1), generator=g)
+    ids[:, 0] = BOS
+    return ids
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("j", [1, 17, 40])
+def test_no_lookahead(strategy, j):
+    """Changing bytes j.. moves nothing at positions < j: logits, boundaries, boundary probabilities, and the
+    log-likelihood (hence reward) of every byte before j."""
+    B, T = 3, 48
+    m = _model(strategy)
+    seq = _ids(B, T, 1)
+    seq2 = seq.clone()
+    seq2[:, j:] = _ids(B, T, 2)[:, j:]
+    noise = torch.rand(B, T, generator=torch.Generator().manual_seed(3))
+    o1 = m(seq[:, :-1], seq[:, 1:], noise=noise)
+    o2 = m(seq2[:, :-1], seq2[:, 1:], noise=noise)
+    torch.testing.assert_close(o1.logits[:, :j], o2.logits[:, :j], rtol=0, atol=1e-5)
+    assert torch.equal(o1.boundaries.mask[:, :j], o2.boundaries.mask[:, :j])
+    torch.testing.assert_close(o1.boundaries.probs[:, :j], o2.boundaries.probs[:, :j], rtol=0, atol=1e-6)
+    torch.testing.assert_close(o1.nll[:, :j - 1], o2.nll[:, :j - 1], rtol=0, atol=1e-5)
+    # The test can fail: the change does reach position j onwards.
+    assert not torch.allclose(o1.logits[:, j:], o2.logits[:, j:])
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_gradient_is_causal(strategy):
+    """d logits[t] / d embedding[s] = 0 for every s > t (with boundaries fixed by the noise)."""
+    B, T, t = 2, 40, 19
+    m = _model(strategy)
+    seq = _ids(B, T, 4)
+    captured = {}
+
+    def keep(_mod, _inp, out):
+        out.retain_grad()
+        captured["emb"] = out
+
+    h = m.embed.register_forward_hook(keep)
+    out = m(seq[:, :-1], noise=torch.rand(B, T, generator=torch.Generator().manual_seed(5)))
+    h.remove()
+    out.logits[:, t].sum().backward()
+    g = captured["emb"].grad  # (B,T,D)
+    assert g[:, t + 1:].abs().max() == 0
+    assert g[:, : t + 1].abs().max() > 0
+
+
+@pytest.mark.parametrize("window,cap", [(8, 0.0), (8, 50.0), (5, 30.0), (40, 50.0), (None, 50.0), (None, 0.0)])
+def test_attention_matches_dense_reference(window, cap):
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 70, 16, requires_grad=True) for _ in range(3))
+    ref = reference_attention(q, k, v, window=window, cap=cap)
+    backends = ["eager"] + (["sdpa"] if cap == 0 else [])
+    gref = torch.autograd.grad(ref.square().sum(), (q, k, v))
+    for backend in backends:
+        out = attend(q, k, v, window=window, cap=cap, backend=backend)
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+        g = torch.autograd.grad(out.square().sum(), (q, k, v))
+        for a, b in zip(g, gref):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_sdpa_refuses_softcap():
+    q = torch.randn(1, 1, 8, 4)
+    with pytest.raises(ValueError, match="soft-cap"):
+        attend(q, q, q, window=4, cap=50.0, backend="sdpa")
+
+
+def test_select_distribute_invariants():
+    torch.manual_seed(0)
+    x = torch.randn(3, 20, 8)
+    ones = torch.ones(3, 20, dtype=torch.bool)
+    tok = select(x, ones)
+    assert torch.equal(tok.x, x)  # every byte is a token: select is the identity
+    assert torch.equal(distribute_add(torch.zeros_like(x), x, tok), x)
+    mask = torch.rand(3, 20) < 0.3
+    mask[:, 0] = True
+    tok = select(x, mask)
+    assert torch.equal(tok.count, mask.sum(1))
+    for b in range(3):
+        pos = mask[b].nonzero().squeeze(1)
+        assert torch.equal(tok.pos[b, : len(pos)], pos)
+        assert torch.equal(tok.x[b, : len(pos)], x[b, pos])
+        # byte t reads the latest token whose boundary is at or before t
+        for t in range(20):
+            assert pos[tok.index[b, t]] == pos[pos <= t].max()
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_shapes_and_first_boundary(strategy):
+    m = _model(strategy)
+    seq = _ids(2, 33, 6)
+    out = m(seq[:, :-1], seq[:, 1:])
+    assert out.logits.shape == (2, 33, VOCAB_SIZE)
+    assert out.boundaries.mask.shape == (2, 33) and out.boundaries.mask[:, 0].all()
+    assert torch.isfinite(out.loss)
+    assert set(out.terms) >= {"loss/auto", "loss/early"}
+
+
+def test_prescribed_strategy_has_no_boundary_parameters():
+    m = _model("uniform")
+    assert sum(p.numel() for p in m.boundary.parameters()) == 0
+    mask = m(_ids(1, 20, 0)[:, :-1]).boundaries.mask[0]
+    assert mask.nonzero().squeeze(1).tolist() == [0, 5, 10, 15]
+
+
+def test_early_head_starts_as_copy():
+    m = _model("learned")
+    assert torch.equal(m.head.weight, m.head_early.weight)
+
+
+@pytest.mark.parametrize("strategy,reaches_encoder", [("uniform", False), ("learned", True)])
+def test_early_exit_loss_trains_encoder_only_for_reward_strategies(strategy, reaches_encoder):
+    """For strategies without rewards the early-exit head is a detached probe: its loss weight does not
+    change the encoder's gradient."""
+    seq = _ids(2, 24, 0)
+    noise = torch.rand(2, 24, generator=torch.Generator().manual_seed(1))
+    grads = []
+    for lam in (0.0, 0.5):
+        torch.manual_seed(0)
+        m = ByteLM(tiny_model(), BoundaryConfig(boundaries=strategy, lambda_early=lam, lambda_policy=0.0,
+                                                 lambda_target=0.0)).train()
+        m(seq[:, :-1], seq[:, 1:], noise=noise).loss.backward()
+        grads.append(m.down[0].mlp.up.weight.grad.clone())
+    assert torch.allclose(grads[0], grads[1]) != reaches_encoder

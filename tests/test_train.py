@@ -1,0 +1,158 @@
+"""Training end to end: resume is bit-exact, runs are deterministic, real text is learned, bad input is
+reported in one line."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from learntok.cli import main
+from learntok.config import from_dict, load_json, to_dict
+from learntok.presets import PRESETS, get_preset
+from learntok.train import train
+
+from .conftest import tiny_train_config
+
+
+def _losses(run: Path) -> list[tuple[int, float, float]]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r["loss/auto"], r.get("loss/policy")) for r in rows if "loss/auto" in r]
+
+
+def test_resume_reproduces_uninterrupted_run_bitwise(tmp_path, text_corpus):
+    full = tiny_train_config(tmp_path / "full", text_corpus, max_steps=6)
+    train(full, log=lambda *_: None)
+    part = tiny_train_config(tmp_path / "part", text_corpus, max_steps=6)
+    import learntok.train as tr
+
+    calls = {"n": 0}
+    real_next = tr.BatchIterator.next_batch
+
+    def interrupt_after_three(self):  # Ctrl-C during step 4: the run saves a checkpoint at step 3
+        calls["n"] += 1
+        if calls["n"] > 3:
+            raise KeyboardInterrupt
+        return real_next(self)
+
+    tr.BatchIterator.next_batch = interrupt_after_three
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            train(part, log=lambda *_: None)
+    finally:
+        tr.BatchIterator.next_batch = real_next
+    train(replace(part, resume=str(tmp_path / "part")), resume=True, log=lambda *_: None)
+    a = _losses(tmp_path / "full")
+    b = [r for r in _losses(tmp_path / "part") if r[0] > 3]
+    assert [r[0] for r in b] == [4, 5, 6]
+    assert b == a[3:]  # bitwise equal losses after the resume point
+
+
+def test_two_seeded_runs_are_identical(tmp_path, text_corpus):
+    r1 = train(tiny_train_config(tmp_path / "a", text_corpus, max_steps=3), log=lambda *_: None)
+    r2 = train(tiny_train_config(tmp_path / "b", text_corpus, max_steps=3), log=lambda *_: None)
+    assert r1.val_bpb == r2.val_bpb
+    assert _losses(tmp_path / "a") == _losses(tmp_path / "b")
+
+
+def test_metrics_and_config_are_written(tmp_path, text_corpus):
+    res = train(tiny_train_config(tmp_path / "r", text_corpus, max_steps=4, eval_every=2), log=lambda *_: None)
+    rows = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    train_rows = [r for r in rows if "loss/auto" in r]
+    assert [r["step"] for r in train_rows] == [1, 2, 3, 4]
+    assert all(r["bytes"] == r["step"] * 4 * 64 for r in train_rows)
+    flops = [r["flops"] for r in train_rows]
+    assert all(b > a > 0 for a, b in zip(flops, flops[1:]))
+    for key in ("loss/policy", "loss/target", "loss/early", "stats/p_mean", "stats/neg_log_pi", "stats/adv_std",
+                "boundary/rate", "bytes_per_s"):
+        assert key in train_rows[0]
+    assert any("val/bpb" in r for r in rows)
+    cfg = json.loads((tmp_path / "r" / "config.json").read_text())
+    assert cfg["run_info"]["torch"] == torch.__version__
+    assert "git_sha" in cfg["run_info"]
+    assert 0 < res.val_rate < 1 and res.sample
+
+
+def test_training_on_builtin_data_lowers_validation_bpb(tmp_path):
+    """A short real run on this Python's standard library sources."""
+    cfg = tiny_train_config(tmp_path / "std", "stdlib", max_steps=40, batch_size=8, lr=5e-3)
+    cfg = replace(cfg, data_cfg=replace(cfg.data_cfg, seq_len=128, val_bytes=128 * 16))
+    before = train(replace(cfg, out=str(tmp_path / "zero"), max_steps=1, lr=1e-9), log=lambda *_: None).val_bpb
+    after = train(cfg, log=lambda *_: None).val_bpb
+    assert after < before - 1.0, (before, after)
+
+
+def test_config_round_trip_and_strictness():
+    for name in [*PRESETS, "paper-aspect-8"]:
+        cfg = get_preset(name)
+        assert from_dict(json.loads(json.dumps(to_dict(cfg)))) == cfg
+    assert get_preset("paper-aspect-8").boundary.target_rate == pytest.approx(1 / 8)
+    bad = to_dict(get_preset("tiny"))
+    bad["model"]["d_modle"] = 3
+    with pytest.raises(ValueError, match="d_modle"):
+        from_dict(bad)
+    old = to_dict(get_preset("tiny"))
+    old["config_version"] = 0
+    with pytest.raises(ValueError, match="version"):
+        from_dict(old)
+
+
+def _cli_error(capsys, argv) -> str:
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "Traceback" not in err
+    return err
+
+
+def test_bad_input_gives_one_line_errors(tmp_path, capsys):
+    base = ["train", "--out", str(tmp_path / "x"), "--no-progress", "--max-steps", "1"]
+    err = _cli_error(capsys, [*base, "--data", str(tmp_path / "missing.txt")])
+    assert "missing.txt" in err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert "empty" in _cli_error(capsys, [*base, "--data", str(empty)])
+    binary = tmp_path / "blob.txt"
+    binary.write_bytes(bytes(range(256)) * 64)
+    assert "blob.txt" in _cli_error(capsys, [*base, "--data", str(binary)])
+    assert "seq_len" in _cli_error(capsys, [*base, "--seq-len", "16", "--byte-window", "64"])
+    assert "boundary strategy" in _cli_error(capsys, [*base, "--boundaries", "nope"])
+    assert "no config.json" in _cli_error(capsys, ["train", "--resume", str(tmp_path / "nothing")])
+    run = tmp_path / "run"
+    run.mkdir()
+    cfg = to_dict(get_preset("tiny"))
+    cfg["bogus_key"] = 1
+    (run / "config.json").write_text(json.dumps(cfg))
+    assert "bogus_key" in _cli_error(capsys, ["train", "--resume", str(run)])
+
+
+def test_unknown_flag_is_rejected(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--no-such-flag", "3"])
+    assert e.value.code == 2
+
+
+def test_cli_trains_and_prints_summary(tmp_path, text_corpus, capsys):
+    code = main(["train", "--preset", "tiny", "--out", str(tmp_path / "cli"), "--data", str(text_corpus),
+                 "--max-steps", "2", "--seq-len", "64", "--batch-size", "2", "--d-model", "32", "--no-progress",
+                 "--val-bytes", "256", "--boundaries", "uniform"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "validation bits per byte" in out and "boundary rate" in out and "held-out sample" in out
+    cfg = load_json_without_info(tmp_path / "cli" / "config.json")
+    assert cfg.boundary.boundaries == "uniform" and cfg.model.d_model == 32 and cfg.preset == "tiny"
+    # resume extends the run
+    assert main(["train", "--resume", str(tmp_path / "cli"), "--max-steps", "3", "--no-progress"]) == 0
+    assert _losses(tmp_path / "cli")[-1][0] == 3
+
+
+def load_json_without_info(path: Path):
+    d = json.loads(path.read_text())
+    d.pop("run_info")
+    return from_dict(d)
+
+
+assert load_json  # public helper exists
