@@ -14,6 +14,39 @@ SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
 
+def sample_docs() -> list[bytes]:
+    """Small real documents (PyTorch's own source) for strategies that need preparing (BPE, entropy)."""
+    lines = Path(torch.__file__).read_text(encoding="utf-8").splitlines()
+    return ["\n".join(lines[i:i + 60]).encode() for i in range(0, 1200, 60)]
+
+
+def build_model(strategy: str, run_dir: Path | None = None, model_kw: dict | None = None, **boundary_kw):
+    """A seeded tiny ByteLM in train mode with its strategy prepared on `sample_docs()`."""
+    from learntok.model.lm import ByteLM
+
+    torch.manual_seed(0)
+    bkw = dict(boundaries=strategy, policy_window=3)
+    bkw.update(boundary_kw)
+    m = ByteLM(tiny_model(**(model_kw or {})), BoundaryConfig(**bkw))
+    docs = sample_docs()
+    m.boundary.prepare(docs[:-2], docs[-2:], run_dir)
+    return m.train()
+
+
+def prescribed_for(model, ids: torch.Tensor) -> torch.Tensor | None:
+    """Flags the data pipeline would attach to input rows `ids` (B,T) (BOS first), or None."""
+    from learntok.boundaries import BoundaryStrategy
+
+    if type(model.boundary).annotate is BoundaryStrategy.annotate:
+        return None
+    rows = []
+    for row in ids.tolist():
+        data = bytes(b for b in row[1:] if b < 256)
+        flags = [True] + [bool(f) for f in model.boundary.annotate(data)]
+        rows.append(flags[: len(row)])
+    return torch.tensor(rows)
+
+
 def tiny_model(**kw) -> ModelConfig:
     base = dict(d_model=32, n_heads=2, n_down=1, n_mid=1, n_up=1, byte_window=8)
     base.update(kw)

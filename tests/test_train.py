@@ -30,7 +30,7 @@ def test_resume_reproduces_uninterrupted_run_bitwise(tmp_path, text_corpus):
     import learntok.train as tr
 
     calls = {"n": 0}
-    real_next = tr.BatchIterator.next_batch
+    real_next = tr.BatchIterator.next_with_flags
 
     def interrupt_after_three(self):  # Ctrl-C during step 4: the run saves a checkpoint at step 3
         calls["n"] += 1
@@ -38,12 +38,12 @@ def test_resume_reproduces_uninterrupted_run_bitwise(tmp_path, text_corpus):
             raise KeyboardInterrupt
         return real_next(self)
 
-    tr.BatchIterator.next_batch = interrupt_after_three
+    tr.BatchIterator.next_with_flags = interrupt_after_three
     try:
         with pytest.raises(KeyboardInterrupt):
             train(part, log=lambda *_: None)
     finally:
-        tr.BatchIterator.next_batch = real_next
+        tr.BatchIterator.next_with_flags = real_next
     train(replace(part, resume=str(tmp_path / "part")), resume=True, log=lambda *_: None)
     a = _losses(tmp_path / "full")
     b = [r for r in _losses(tmp_path / "part") if r[0] > 3]

@@ -55,7 +55,8 @@ class BoundaryConfig:
     """How token boundaries are drawn and, for `learned`, how the policy is trained (method.md §2-3)."""
 
     boundaries: str = "learned"
-    """Boundary strategy: learned (score-function policy) or uniform (every 1/target_rate bytes)."""
+    """Boundary strategy: learned (the paper's score-function policy), uniform (every 1/target_rate bytes);
+    see `learntok.boundaries.REGISTRY` for all."""
     target_rate: float = 0.2
     """Target downsampling rate pi_target (boundaries per byte)."""
     policy_window: int = 8
@@ -81,6 +82,23 @@ class BoundaryConfig:
     """Weight of the early-exit head's language-modelling loss."""
     code_loss_weights: bool = False
     """Weight L_auto by (1 - lambda_early) as the authors' code does, instead of by 1 (eq. 27)."""
+    pooling: Literal["auto", "select"] = "auto"
+    """Down/upsampling for strategies with their own (dynamic: mean pooling, hnet: EMA dechunking): auto uses
+    theirs (as the paper does), select forces select + distribute-add for every strategy."""
+    gumbel_temperature: float = 1.0
+    """dynamic: temperature of the Gumbel-sigmoid relaxation (the paper's port: 1.0; Nawrot's code: 0.5)."""
+    prior_weight: float = 1.0
+    """dynamic: weight of the binomial prior pulling the boundary count toward target_rate (Nawrot: 1)."""
+    ratio_loss_weight: float = 0.03
+    """hnet: weight alpha of H-Net's ratio loss (N = 1/target_rate)."""
+    bpe_vocab_size: int = 0
+    """bpe: vocabulary size of the byte-level BPE tokenizer; 0 = search for the size whose held-out rate is
+    closest to target_rate."""
+    entropy_model: str = ""
+    """entropy: directory of the small byte LM trained by `learntok train-entropy-model`."""
+    entropy_threshold: float = 0.0
+    """entropy: boundary when the next-byte entropy (nats) exceeds this; 0 = calibrate on held-out text so
+    the rate is close to target_rate."""
     eval_boundaries: Literal["sample", "greedy"] = "sample"
     """Boundaries at evaluation: one sample with a fixed seed (the paper) or greedy (p > 0.5)."""
 

@@ -20,7 +20,7 @@ import sys
 import sysconfig
 import warnings
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -371,7 +371,8 @@ class ByteSequences:
     Raises DataError if seq_len < 2 or no sequence can be formed (`name` says which data in the message).
     """
 
-    def __init__(self, docs: Sequence[bytes], seq_len: int, pack: bool = True, name: str = "data") -> None:
+    def __init__(self, docs: Sequence[bytes], seq_len: int, pack: bool = True, name: str = "data",
+                 annotate: Callable[[bytes], np.ndarray] | None = None) -> None:
         if seq_len < 2:
             raise DataError(f"{name}: seq_len must be at least 2, got {seq_len}")
         self.seq_len, self.pack, self.name = seq_len, pack, name
@@ -388,6 +389,19 @@ class ByteSequences:
             why = f"none of its {len(docs)} document(s) has {seq_len} bytes (pack=False keeps only those)"
         if len(self.windows) == 0:
             raise DataError(f"{name}: not enough data for one sequence of seq_len={seq_len}: {why}")
+        # Prescribed per-byte boundary flags (e.g. BPE guidance), computed once per document and stored beside
+        # the ids: annotate(doc) -> bool array of len(doc). EOS separators are flagged (a token starts there).
+        self.flags: np.ndarray | None = None
+        if annotate is not None:
+            if pack:
+                parts = []
+                for d in docs:
+                    parts += [np.asarray(annotate(d), dtype=np.uint8), np.ones(1, dtype=np.uint8)]
+                flags = np.concatenate(parts)
+            else:
+                kept = [np.asarray(annotate(d), dtype=np.uint8)[:seq_len] for d in docs if len(d) >= seq_len]
+                flags = np.concatenate(kept)
+            self.flags = flags[: self.windows.size].reshape(self.windows.shape)
 
     def __len__(self) -> int:
         return len(self.windows)
@@ -401,6 +415,17 @@ class ByteSequences:
         out = np.empty((len(idx), self.seq_len + 1), dtype=np.int64)
         out[:, 0] = BOS
         out[:, 1:] = self.windows[idx]
+        return out
+
+
+    def flag_batch(self, indices: Sequence[int] | np.ndarray) -> np.ndarray | None:
+        """bool array (len(indices), seq_len + 1) of prescribed boundary flags aligned with `batch` (True at
+        BOS), or None when the sequences carry no flags."""
+        if self.flags is None:
+            return None
+        idx = np.asarray(indices, dtype=np.int64)
+        out = np.ones((len(idx), self.seq_len + 1), dtype=bool)
+        out[:, 1:] = self.flags[idx].astype(bool)
         return out
 
 
@@ -450,6 +475,12 @@ class BatchIterator:
         """LongTensor (batch_size, seq_len + 1): BOS then seq_len bytes per row."""
         return torch.from_numpy(self.seqs.batch(self.next_indices()))
 
+    def next_with_flags(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(ids, flags): ids as `next_batch`, flags the matching prescribed boundaries (or None)."""
+        idx = self.next_indices()
+        flags = self.seqs.flag_batch(idx)
+        return torch.from_numpy(self.seqs.batch(idx)), None if flags is None else torch.from_numpy(flags)
+
     def __iter__(self) -> Iterator[torch.Tensor]:
         while True:
             yield self.next_batch()
@@ -469,7 +500,18 @@ class BatchIterator:
 
 def val_batches(seqs: ByteSequences, batch_size: int, max_bytes: int) -> list[torch.Tensor]:
     """The first max(1, max_bytes // seq_len) validation sequences, in order, as LongTensor batches."""
+    return [ids for ids, _ in val_batches_with_flags(seqs, batch_size, max_bytes)]
+
+
+def val_batches_with_flags(seqs: ByteSequences, batch_size: int,
+                           max_bytes: int) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """As `val_batches`, each batch paired with its prescribed boundary flags (or None)."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
     n = min(len(seqs), max(1, max_bytes // seqs.seq_len))
-    return [torch.from_numpy(seqs.batch(np.arange(i, min(i + batch_size, n)))) for i in range(0, n, batch_size)]
+    out = []
+    for i in range(0, n, batch_size):
+        idx = np.arange(i, min(i + batch_size, n))
+        flags = seqs.flag_batch(idx)
+        out.append((torch.from_numpy(seqs.batch(idx)), None if flags is None else torch.from_numpy(flags)))
+    return out

@@ -23,9 +23,10 @@ from pathlib import Path
 import torch
 
 from learntok import __version__
+from learntok.boundaries import BoundaryStrategy
 from learntok.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from learntok.config import TrainConfig, to_dict
-from learntok.data import BatchIterator, ByteSequences, describe, load_splits, val_batches
+from learntok.data import BatchIterator, ByteSequences, describe, load_splits, val_batches_with_flags
 from learntok.display import mark_boundaries
 from learntok.model.lm import ByteLM
 from learntok.vocab import IGNORE
@@ -110,17 +111,18 @@ def run_info() -> dict:
 
 
 @torch.no_grad()
-def evaluate(model: ByteLM, batches: list[torch.Tensor], device: torch.device, seed: int = 1234) -> dict:
+def evaluate(model: ByteLM, batches: list[tuple[torch.Tensor, torch.Tensor | None]], device: torch.device,
+             seed: int = 1234) -> dict:
     """Validation bits per byte (byte targets only), boundary rate and early-exit BPB.
     Boundaries: the policy without soft-cap, sampled with a fixed seed (method.md §8.12)."""
     was_training = model.training
     model.eval()
     gen = torch.Generator(device).manual_seed(seed)
     nll = nll_early = n_bytes = n_bound = n_pos = 0.0
-    for batch in batches:
+    for batch, flags in batches:
         batch = batch.to(device)
         ids, targets = batch[:, :-1], batch[:, 1:]
-        out = model(ids, targets, generator=gen)
+        out = model(ids, targets, generator=gen, prescribed=None if flags is None else flags[:, :-1].to(device))
         byte = targets < 256  # BPB counts real bytes, not EOS separators
         nll += float(out.nll[byte].sum())
         nll_early += float(out.terms["loss/early"]) * float((targets != IGNORE).sum())
@@ -133,13 +135,15 @@ def evaluate(model: ByteLM, batches: list[torch.Tensor], device: torch.device, s
 
 
 @torch.no_grad()
-def boundary_sample(model: ByteLM, seq: torch.Tensor, device: torch.device, n_bytes: int = 240,
-                    color: bool | None = None, seed: int = 1234) -> str:
-    """A held-out snippet with the model's evaluation boundaries marked."""
+def boundary_sample(model: ByteLM, seq: tuple[torch.Tensor, torch.Tensor | None], device: torch.device,
+                    n_bytes: int = 240, color: bool | None = None, seed: int = 1234) -> str:
+    """A held-out snippet (ids, flags) with the model's evaluation boundaries marked."""
     was_training = model.training
     model.eval()
+    seq, flags = seq
     ids = seq[:-1].unsqueeze(0).to(device)
-    out = model(ids, generator=torch.Generator(device).manual_seed(seed))
+    prescribed = None if flags is None else flags[:-1].unsqueeze(0).to(device)
+    out = model(ids, generator=torch.Generator(device).manual_seed(seed), prescribed=prescribed)
     model.train(was_training)
     data = bytes(int(b) for b in seq[1:n_bytes + 1] if b < 256)
     mask = out.boundaries.mask[0, 1:n_bytes + 1].cpu()  # a_t for byte x_t (position 0 is BOS)
@@ -164,14 +168,16 @@ def train(cfg: TrainConfig, resume: bool = False, log=print) -> RunResult:
     dc = cfg.data_cfg
     train_docs, val_docs = load_splits(dc)
     log(describe(train_docs, val_docs))
-    train_seqs = ByteSequences(train_docs, dc.seq_len, dc.pack)
-    val_seqs = ByteSequences(val_docs, dc.seq_len, dc.pack)
+    model = ByteLM(cfg.model, cfg.boundary).to(device)
+    strategy = model.boundary
+    strategy.prepare(train_docs, val_docs, out_dir)
+    annotate = strategy.annotate if type(strategy).annotate is not BoundaryStrategy.annotate else None
+    train_seqs = ByteSequences(train_docs, dc.seq_len, dc.pack, name="training data", annotate=annotate)
+    val_seqs = ByteSequences(val_docs, dc.seq_len, dc.pack, name="validation data", annotate=annotate)
     del train_docs, val_docs
     micro = cfg.micro_batch_size or cfg.batch_size
-    val = val_batches(val_seqs, micro, dc.val_bytes)
+    val = val_batches_with_flags(val_seqs, micro, dc.val_bytes)
     batches = BatchIterator(train_seqs, cfg.batch_size, cfg.seed)
-
-    model = ByteLM(cfg.model, cfg.boundary).to(device)
     opt = make_optimizer(model, cfg)
     gen = torch.Generator(device).manual_seed(cfg.seed + 1)  # boundary noise in training
     step, bytes_seen, tokens_seen, flops, elapsed = 0, 0, 0, 0.0, 0.0
@@ -228,12 +234,14 @@ def train(cfg: TrainConfig, resume: bool = False, log=print) -> RunResult:
             lr = lr_at(cfg, bytes_seen, total_bytes)
             for g in opt.param_groups:
                 g["lr"] = lr
-            batch = batches.next_batch().to(device)  # (batch_size, seq_len + 1)
+            batch, flags = batches.next_with_flags()  # (batch_size, seq_len + 1) ids, flags or None
+            batch = batch.to(device)
             step_tokens = 0
             for i in range(accum):
                 mb = batch[i * micro:(i + 1) * micro]
+                fl = None if flags is None else flags[i * micro:(i + 1) * micro, :-1].to(device)
                 with autocast:
-                    out = fwd(mb[:, :-1], mb[:, 1:], generator=gen)
+                    out = fwd(mb[:, :-1], mb[:, 1:], generator=gen, prescribed=fl)
                 (out.loss / accum).backward()
                 step_tokens += int(out.n_tokens.sum())
                 for k, v in out.terms.items():
@@ -297,6 +305,7 @@ def train(cfg: TrainConfig, resume: bool = False, log=print) -> RunResult:
                      seconds=elapsed, bytes_per_s=bytes_seen / max(elapsed, 1e-9), sample=sample)
 
 
-def val_seqs_first(val: list[torch.Tensor]) -> torch.Tensor:
-    """The fixed held-out snippet shown during training: the first validation sequence."""
-    return val[0][0]
+def val_seqs_first(val: list[tuple[torch.Tensor, torch.Tensor | None]]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The fixed held-out snippet shown during training: the first validation sequence (ids, flags)."""
+    ids, flags = val[0]
+    return ids[0], None if flags is None else flags[0]

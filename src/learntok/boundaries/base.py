@@ -11,8 +11,10 @@ byte has a token at or before it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import ClassVar, Literal
 
+import numpy as np
 import torch
 import torch.nn as nn
 
@@ -78,14 +80,27 @@ class BoundaryStrategy(nn.Module):
 
     learns_by: ClassVar[LearnsBy]
     """How the boundaries are learned."""
+    exactly_causal: ClassVar[bool] = True
+    """False for strategies whose boundaries peek ahead by construction (BPE guidance: a token's extent depends
+    on bytes after it); they report a measured leak rate instead of passing the exact no-lookahead test."""
     uses_rewards: ClassVar[bool] = False
     """True if `losses` needs per-byte log-likelihoods of the main and early-exit heads (the early-exit
     head then trains the encoder too; otherwise it is a detached probe)."""
 
+    def prepare(self, train_docs: list[bytes], val_docs: list[bytes], run_dir: Path | None) -> None:
+        """Called once before training or evaluation with the raw documents, e.g. to train a BPE tokenizer
+        (saved in, and on resume reloaded from, `run_dir`). Default: nothing."""
+
+    def annotate(self, doc: bytes) -> np.ndarray | None:
+        """Per-byte prescribed boundary flags of one document (bool, len(doc)), computed once per document by
+        the data pipeline and cached beside the bytes; they reach `propose` as `prescribed`. None (the
+        default) means the strategy needs no such flags."""
+        return None
+
     def propose(self, x: torch.Tensor, ids: torch.Tensor, *, noise: torch.Tensor | None,
-                generator: torch.Generator | None) -> BoundaryOutput:
+                generator: torch.Generator | None, prescribed: torch.Tensor | None = None) -> BoundaryOutput:
         """Draw boundaries. x (B,T,D) encoder output, ids (B,T) byte ids; noise (B,T) uniforms in [0,1)
-        if given (tests inject it), else drawn from `generator`."""
+        if given (tests inject it), else drawn from `generator`; prescribed (B,T) bool flags from `annotate`."""
         raise NotImplementedError
 
     def downsample(self, x: torch.Tensor, out: BoundaryOutput) -> Tokens:

@@ -44,7 +44,7 @@ class LearnedBoundaries(BoundaryStrategy):
         self.proj = nn.Linear(dim, cfg.policy_window + 1, bias=False)
         self.bias = math.log(cfg.target_rate / (1 - cfg.target_rate))  # logit(pi_target)
 
-    def propose(self, x, ids, *, noise, generator):
+    def propose(self, x, ids, *, noise, generator, prescribed=None):
         cfg = self.cfg
         B, T, _ = x.shape
         h = x.detach() if cfg.detach_encoder else x

@@ -17,10 +17,35 @@ class UniformBoundaries(BoundaryStrategy):
         self.stride = max(1, round(1 / cfg.target_rate))
         self.force_last = cfg.force_last
 
-    def propose(self, x, ids, *, noise, generator):
+    def propose(self, x, ids, *, noise, generator, prescribed=None):
         B, T = ids.shape
         t = torch.arange(T, device=ids.device)
         mask = (t % self.stride == 0).expand(B, T).clone()  # (B,T)
         if self.force_last:
             mask[:, -1] = True
         return BoundaryOutput(mask=mask, probs=mask.float())
+
+
+class UniformRandomBoundaries(BoundaryStrategy):
+    """Exactly K = round(T * pi_target) boundaries per sequence at uniformly random positions, redrawn every
+    forward pass (the authors' code's `ExactRandomGater`, "Uniform random" in the paper's Figure 3): the top-K
+    of per-byte uniforms with position 0 (and the last byte with --force-last) forced. Content-free, so causal
+    in content; with a fixed noise tensor, prefixes see identical boundaries."""
+
+    learns_by = "random"
+
+    def __init__(self, cfg: BoundaryConfig, dim: int):
+        super().__init__()
+        self.rate, self.force_last = cfg.target_rate, cfg.force_last
+
+    def propose(self, x, ids, *, noise, generator, prescribed=None):
+        B, T = ids.shape
+        u = noise if noise is not None else torch.rand(B, T, generator=generator, device=ids.device)
+        u = u.clone()
+        u[:, 0] = 2.0  # forced: above every uniform
+        if self.force_last:
+            u[:, -1] = 2.0
+        k = min(T, max(1, round(T * self.rate)))
+        top = u.topk(k, dim=1).indices  # (B,K)
+        mask = torch.zeros(B, T, dtype=torch.bool, device=ids.device).scatter_(1, top, True)
+        return BoundaryOutput(mask=mask, probs=torch.full((B, T), self.rate, device=ids.device))

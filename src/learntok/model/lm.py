@@ -91,13 +91,14 @@ class ByteLM(nn.Module):
         return x
 
     def forward(self, ids: torch.Tensor, targets: torch.Tensor | None = None, *, noise: torch.Tensor | None = None,
-                generator: torch.Generator | None = None) -> ModelOutput:
-        """ids (B,T) input ids (BOS first); targets (B,T) next ids or IGNORE; noise (B,T) boundary uniforms."""
+                generator: torch.Generator | None = None, prescribed: torch.Tensor | None = None) -> ModelOutput:
+        """ids (B,T) input ids (BOS first); targets (B,T) next ids or IGNORE; noise (B,T) boundary uniforms;
+        prescribed (B,T) bool boundary flags from the data pipeline (strategies with `annotate`)."""
         B, T = ids.shape
         dh = self.cfg.d_model // self.cfg.n_heads
         rope_byte = rope_tables(torch.arange(T, device=ids.device), dh, self.cfg.rope_base)
         x = self.encode(ids)  # (B,T,D)
-        out = self.boundary.propose(x, ids, noise=noise, generator=generator)
+        out = self.boundary.propose(x, ids, noise=noise, generator=generator, prescribed=prescribed)
         tokens = self.boundary.downsample(x, out)  # x: (B,M,D)
         y = tokens.x
         rope_tok = rope_tables(tokens.pos, dh, self.cfg.rope_base)  # per-sequence positions (B,1,M,dh/2)

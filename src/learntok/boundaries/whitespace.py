@@ -1,0 +1,45 @@
+"""SpaceByte's rule (Slagle 2024): a boundary at a spacelike byte that follows a non-spacelike one.
+
+Spacelike bytes: ASCII whitespace and punctuation/symbols (not letters, digits or UTF-8 bytes >= 0x80), as in
+SpaceByte, so runs of spaces or punctuation give one boundary at their start. a_t depends on x_t and x_{t-1}
+only: causal by construction. The rate is whatever the text gives (reported, not set)."""
+
+from __future__ import annotations
+
+import torch
+
+from learntok.boundaries.base import BoundaryOutput, BoundaryStrategy
+from learntok.config import BoundaryConfig
+
+
+def spacelike_table(device: torch.device | None = None) -> torch.Tensor:
+    """(512,) bool over ids: True for spacelike bytes (and for the special ids, which separate documents)."""
+    table = torch.zeros(512, dtype=torch.bool)
+    for b in range(128):
+        c = chr(b)
+        table[b] = not (c.isalnum())
+    table[256:] = True
+    return table.to(device) if device is not None else table
+
+
+def spacebyte_boundaries(ids: torch.Tensor) -> torch.Tensor:
+    """(B,T) ids -> (B,T) bool: spacelike(x_t) and not spacelike(x_{t-1}); position 0 (BOS) is True."""
+    space = spacelike_table(ids.device)[ids]  # (B,T)
+    prev = torch.nn.functional.pad(space[:, :-1], (1, 0), value=True)
+    mask = space & ~prev
+    mask[:, 0] = True
+    return mask
+
+
+class WhitespaceBoundaries(BoundaryStrategy):
+    learns_by = "prescribed"
+
+    def __init__(self, cfg: BoundaryConfig, dim: int):
+        super().__init__()
+
+    def propose(self, x, ids, *, noise, generator, prescribed=None):
+        mask = spacebyte_boundaries(ids)
+        return BoundaryOutput(mask=mask, probs=mask.float())
+
+
+
