@@ -156,3 +156,13 @@ def load_json_without_info(path: Path):
 
 
 assert load_json  # public helper exists
+
+
+def test_load_run_restores_the_trained_model(tmp_path, text_corpus):
+    from learntok.checkpoint import load_run
+
+    train(tiny_train_config(tmp_path / "r", text_corpus, max_steps=2), log=lambda *_: None)
+    cfg, model = load_run(tmp_path / "r")
+    assert cfg.max_steps == 2 and not model.training
+    with pytest.raises(FileNotFoundError, match="not a learntok run"):
+        load_run(tmp_path)

@@ -57,3 +57,31 @@ def load_checkpoint(path: Path, model: torch.nn.Module) -> dict:
         raise ValueError(f"checkpoint {path} does not match the model: missing {sorted(missing)[:5]}, "
                          f"unexpected {sorted(unexpected)[:5]}")
     return torch.load(path / "train_state.pt", map_location="cpu", weights_only=True)
+
+
+def load_run(path: str | Path, device: str | torch.device = "cpu"):
+    """(TrainConfig, ByteLM in eval mode) from a run directory (its latest checkpoint) or a checkpoint
+    directory `run/step_NNNNNN`. The strategy is prepared from files saved in the run directory (e.g. a BPE
+    tokenizer), so no training data is needed."""
+    import json
+
+    from learntok.config import from_dict
+    from learntok.model.lm import ByteLM
+
+    path = Path(path)
+    if (path / "model.safetensors").exists():
+        ckpt, run_dir = path, path.parent
+    else:
+        run_dir = path
+        if not (run_dir / "config.json").exists():
+            raise FileNotFoundError(f"{path}: not a learntok run or checkpoint directory (no config.json)")
+        ckpt = latest_checkpoint(run_dir)
+        if ckpt is None:
+            raise FileNotFoundError(f"{path}: the run has no complete checkpoint yet")
+    data = json.loads((run_dir / "config.json").read_text())
+    data.pop("run_info", None)
+    cfg = from_dict(data)
+    model = ByteLM(cfg.model, cfg.boundary)
+    model.boundary.prepare([], [], run_dir)
+    load_checkpoint(ckpt, model)
+    return cfg, model.to(device).eval()
