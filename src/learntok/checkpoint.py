@@ -18,15 +18,20 @@ import tempfile
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_model, save_model
+from safetensors.torch import load_model, save_file, save_model
 
 
-def save_checkpoint(run_dir: Path, step: int, model: torch.nn.Module, state: dict, keep: int = 2) -> Path:
-    """Write step_{step:06d}/ atomically, point `latest` at it, keep the newest `keep` checkpoints."""
+def save_checkpoint(run_dir: Path, step: int, tensors: dict[str, torch.Tensor] | torch.nn.Module, state: dict,
+                    keep: int = 2) -> Path:
+    """Write step_{step:06d}/ atomically, point `latest` at it, keep the newest `keep` checkpoints.
+    `tensors` is a model or a full state dict (e.g. gathered from FSDP shards)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     name = f"step_{step:06d}"
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=run_dir))
-    save_model(model, str(tmp / "model.safetensors"))  # save_model handles tied/shared tensors
+    if isinstance(tensors, torch.nn.Module):
+        save_model(tensors, str(tmp / "model.safetensors"))  # save_model handles tied/shared tensors
+    else:
+        save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp / "model.safetensors"))
     torch.save(state, tmp / "train_state.pt")
     final = run_dir / name
     if final.exists():

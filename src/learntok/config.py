@@ -167,6 +167,9 @@ class TrainConfig:
     """Seed for initialisation, data order and boundary sampling."""
     device: str = "auto"
     """cpu, cuda, cuda:N or auto (CUDA when available)."""
+    parallel: Literal["ddp", "fsdp"] = "ddp"
+    """Under torchrun: DistributedDataParallel, or FSDP2 (fully_shard per block) for models that do not fit
+    one device. Ignored in a single process."""
     compile: bool = False
     """torch.compile the model (about 2x on CPU after a ~1 min warm-up)."""
     threads: int = 0

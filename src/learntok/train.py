@@ -9,6 +9,7 @@ against either.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -20,7 +21,9 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
+import torch.distributed as tdist
 
 from learntok import __version__
 from learntok.boundaries import BoundaryStrategy
@@ -28,6 +31,7 @@ from learntok.checkpoint import latest_checkpoint, load_checkpoint, save_checkpo
 from learntok.config import TrainConfig, to_dict
 from learntok.data import BatchIterator, ByteSequences, describe, load_splits, val_batches_with_flags
 from learntok.display import mark_boundaries
+from learntok.distributed import AllReduceStats, Dist, RecordStats, all_reduce_sum, boundary_noise, init_distributed
 from learntok.model.lm import ByteLM
 from learntok.vocab import IGNORE
 
@@ -156,12 +160,62 @@ def _write_json(path: Path, obj: dict) -> None:
     os.replace(tmp, path)
 
 
+def wrap_model(model: ByteLM, cfg: TrainConfig, d: Dist) -> torch.nn.Module:
+    """DistributedDataParallel (default) or FSDP2 under torchrun; the bare model in a single process."""
+    if not d.active:
+        return model
+    if cfg.parallel == "fsdp":
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
+            if d.device.type == "cuda" else MixedPrecisionPolicy()
+        for blk in [*model.down, *model.mid, *model.up]:
+            fully_shard(blk, mp_policy=mp)
+        return fully_shard(model, mp_policy=mp)
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    return DDP(model, device_ids=[d.device.index] if d.device.type == "cuda" else None)
+
+
+def _full_state(model: torch.nn.Module, opt: torch.optim.Optimizer, cfg: TrainConfig, d: Dist) -> tuple[dict, dict]:
+    """Full (unsharded) model and optimizer state dicts; collective under FSDP2, so every rank calls it."""
+    if cfg.parallel == "fsdp" and d.active:
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+            get_optimizer_state_dict,
+        )
+
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_model_state_dict(model, options=opts), get_optimizer_state_dict(model, opt, options=opts)
+    return model.state_dict(), opt.state_dict()
+
+
+def _load_full_state(model, opt, tensors: dict, optim: dict, cfg: TrainConfig, d: Dist) -> None:
+    if cfg.parallel == "fsdp" and d.active:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        set_optimizer_state_dict(model, opt, optim_state_dict=optim, options=StateDictOptions(full_state_dict=True))
+    else:
+        opt.load_state_dict(optim)
+
+
 def train(cfg: TrainConfig, resume: bool = False, log=print) -> RunResult:
-    """Train `cfg` (resuming from cfg.out's latest checkpoint if `resume`) and return the final numbers."""
+    """Train `cfg` (resuming from cfg.out's latest checkpoint if `resume`) and return the final numbers.
+    Under torchrun every rank runs this same function; rank 0 alone logs, evaluates and writes files."""
     check_config(cfg)
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
-    device = resolve_device(cfg.device)
+    d = init_distributed(cfg.device)
+    device = d.device
+    if cfg.batch_size % d.world:
+        raise ValueError(f"batch_size={cfg.batch_size} is not divisible by the {d.world} processes")
+    per_rank = cfg.batch_size // d.world
+    micro = cfg.micro_batch_size or per_rank
+    if per_rank % micro:
+        raise ValueError(f"per-process batch {per_rank} is not a multiple of micro_batch_size={micro}")
+    accum = per_rank // micro
+    log = log if d.is_main else (lambda *_a, **_k: None)
     out_dir = Path(cfg.out)
     torch.manual_seed(cfg.seed)
 
@@ -170,79 +224,107 @@ def train(cfg: TrainConfig, resume: bool = False, log=print) -> RunResult:
     log(describe(train_docs, val_docs))
     model = ByteLM(cfg.model, cfg.boundary).to(device)
     strategy = model.boundary
-    strategy.prepare(train_docs, val_docs, out_dir)
+    if d.is_main:  # e.g. trains a BPE tokenizer and saves it in out_dir; the other ranks then load it
+        strategy.prepare(train_docs, val_docs, out_dir)
+    if d.active:
+        tdist.barrier()
+        if not d.is_main:
+            strategy.prepare(train_docs, val_docs, out_dir)
     annotate = strategy.annotate if type(strategy).annotate is not BoundaryStrategy.annotate else None
     train_seqs = ByteSequences(train_docs, dc.seq_len, dc.pack, name="training data", annotate=annotate)
     val_seqs = ByteSequences(val_docs, dc.seq_len, dc.pack, name="validation data", annotate=annotate)
     del train_docs, val_docs
-    micro = cfg.micro_batch_size or cfg.batch_size
     val = val_batches_with_flags(val_seqs, micro, dc.val_bytes)
-    batches = BatchIterator(train_seqs, cfg.batch_size, cfg.seed)
-    opt = make_optimizer(model, cfg)
-    gen = torch.Generator(device).manual_seed(cfg.seed + 1)  # boundary noise in training
+    batches = BatchIterator(train_seqs, per_rank, cfg.seed, rank=d.rank, world_size=d.world)
     step, bytes_seen, tokens_seen, flops, elapsed = 0, 0, 0, 0.0, 0.0
     ckpt = latest_checkpoint(out_dir) if resume else None
     if resume and ckpt is None:
         raise ValueError(f"--resume {out_dir}: no complete checkpoint found there")
+    state = None
     if ckpt is not None:
-        state = load_checkpoint(ckpt, model)
-        opt.load_state_dict(state["optimizer"])
+        state = load_checkpoint(ckpt, model)  # full weights on every rank, before any sharding
         batches.load_state_dict(state["data"])
-        gen.set_state(state["generator"])
         torch.set_rng_state(state["torch_rng"])
         step, bytes_seen, tokens_seen = state["step"], state["bytes_seen"], state["tokens_seen"]
         flops, elapsed = state["flops"], state["elapsed"]
         log(f"resumed from {ckpt} at step {step}")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    _write_json(out_dir / "config.json", {**to_dict(cfg), "run_info": run_info()})
+    wrapped = wrap_model(model, cfg, d)
+    opt = make_optimizer(model, cfg)
+    if state is not None:
+        _load_full_state(wrapped, opt, {}, state["optimizer"], cfg, d)
+    if d.is_main:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        _write_json(out_dir / "config.json", {**to_dict(cfg), "run_info": {**run_info(), "world_size": d.world}})
     n_params = sum(p.numel() for p in model.parameters())
     log(f"model: {n_params / 1e6:.2f}M parameters, matrix params (byte, token) = {model.matrix_params()}, "
-        f"boundaries={cfg.boundary.boundaries}, device={device}")
-    fwd = torch.compile(model) if cfg.compile else model
+        f"boundaries={cfg.boundary.boundaries}, device={device}, processes={d.world}, accumulation={accum}")
+    fwd = torch.compile(wrapped) if cfg.compile else wrapped
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast(
         "cpu", enabled=False)
+    # The estimator's batch statistics must be the global batch's (see learntok.distributed).
+    needs_stats = strategy.uses_rewards and (d.active or accum > 1)
+    evaluate_here = d.is_main or cfg.parallel == "fsdp"  # FSDP's forward is collective
 
     steps = total_steps(cfg)
     bytes_per_step = cfg.batch_size * dc.seq_len
     total_bytes = steps * bytes_per_step
-    metrics = open(out_dir / "metrics.jsonl", "a")
+    metrics = open(out_dir / "metrics.jsonl", "a") if d.is_main else None
 
     def save() -> None:
-        state = {"optimizer": opt.state_dict(), "data": batches.state_dict(), "generator": gen.get_state(),
-                 "torch_rng": torch.get_rng_state(), "step": step, "bytes_seen": bytes_seen,
-                 "tokens_seen": tokens_seen, "flops": flops, "elapsed": elapsed}
-        save_checkpoint(out_dir, step, model, state)
+        tensors, optim = _full_state(wrapped if cfg.parallel == "fsdp" else model, opt, cfg, d)
+        if d.is_main:
+            st = {"optimizer": optim, "data": batches.state_dict(), "torch_rng": torch.get_rng_state(),
+                  "step": step, "bytes_seen": bytes_seen, "tokens_seen": tokens_seen, "flops": flops,
+                  "elapsed": elapsed, "world_size": d.world}
+            save_checkpoint(out_dir, step, tensors, st)
+        if d.active:
+            tdist.barrier()
 
     def emit(rec: dict) -> None:
-        metrics.write(json.dumps(rec) + "\n")
-        metrics.flush()
+        if metrics is not None:
+            metrics.write(json.dumps(rec) + "\n")
+            metrics.flush()
 
     bar = None
-    if cfg.progress:
+    if cfg.progress and d.is_main:
         from tqdm.auto import tqdm
         bar = tqdm(total=steps, initial=step, unit="step", dynamic_ncols=True, file=sys.stderr)
     acc: dict[str, float] = defaultdict(float)
     n_acc, t_log, b_log = 0, time.perf_counter(), bytes_seen
     t_start = time.perf_counter() - elapsed
-    accum = cfg.batch_size // micro
     model.train()
     try:
         while step < steps:
-            if cfg.time_budget and time.perf_counter() - t_start >= cfg.time_budget:
+            if cfg.time_budget and _agree(time.perf_counter() - t_start >= cfg.time_budget, d):
                 log(f"time budget of {cfg.time_budget:.0f} s reached at step {step}")
                 break
             lr = lr_at(cfg, bytes_seen, total_bytes)
             for g in opt.param_groups:
                 g["lr"] = lr
-            batch, flags = batches.next_with_flags()  # (batch_size, seq_len + 1) ids, flags or None
+            batch, flags = batches.next_with_flags()  # (per_rank, seq_len + 1) ids, flags or None
             batch = batch.to(device)
+            rows = d.rank * per_rank + np.arange(per_rank)  # global row indices of this rank's sequences
+            noise = boundary_noise(cfg.seed, step, rows, dc.seq_len, device)  # (per_rank, T)
+
+            mbs = _micro_batches(batch, flags, noise, micro, device)  # [(ids, targets, noise, prescribed)]
+            reducer = None
+            if needs_stats and accum == 1:
+                reducer = AllReduceStats(d)
+            elif needs_stats:  # pre-pass: global statistics over all micro-batches of all ranks
+                rec = RecordStats()
+                with torch.no_grad(), autocast:
+                    for ids, tg, nz, fl in mbs:
+                        model(ids, tg, noise=nz, prescribed=fl, batch_stats=rec)
+                reducer = rec.global_stats(d)
             step_tokens = 0
-            for i in range(accum):
-                mb = batch[i * micro:(i + 1) * micro]
-                fl = None if flags is None else flags[i * micro:(i + 1) * micro, :-1].to(device)
-                with autocast:
-                    out = fwd(mb[:, :-1], mb[:, 1:], generator=gen, prescribed=fl)
-                (out.loss / accum).backward()
+            for i, (ids, tg, nz, fl) in enumerate(mbs):
+                sync = contextlib.nullcontext()
+                if d.active and cfg.parallel == "ddp" and i < accum - 1:
+                    sync = wrapped.no_sync()  # gradients are all-reduced once, after the last micro-step
+                with sync, autocast:
+                    out = fwd(ids, tg, noise=nz, prescribed=fl, batch_stats=reducer)
+                with sync:
+                    (out.loss / accum).backward()
                 step_tokens += int(out.n_tokens.sum())
                 for k, v in out.terms.items():
                     acc[k] += float(v.detach()) / accum
@@ -253,6 +335,7 @@ def train(cfg: TrainConfig, resume: bool = False, log=print) -> RunResult:
             gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else 1e30)
             opt.step()
             opt.zero_grad(set_to_none=True)
+            step_tokens = int(all_reduce_sum(torch.tensor(step_tokens, dtype=torch.float64), d))
             step += 1
             bytes_seen += bytes_per_step
             tokens_seen += step_tokens
@@ -261,25 +344,29 @@ def train(cfg: TrainConfig, resume: bool = False, log=print) -> RunResult:
             n_acc += 1
             if step % cfg.log_every == 0 or step == steps:
                 now = time.perf_counter()
-                rec = {k: v / n_acc if k != "boundary/max_tokens" else v for k, v in acc.items()}
-                rec["train/bpb"] = rec["loss/auto"] / LN2
-                rec.update(step=step, bytes=bytes_seen, flops=flops, lr=lr, time=now - t_start,
-                           bytes_per_s=(bytes_seen - b_log) / max(now - t_log, 1e-9))
-                emit(rec)
+                rec_ = _reduce_logs({k: v / n_acc if k != "boundary/max_tokens" else v for k, v in acc.items()}, d)
+                rec_["train/bpb"] = rec_["loss/auto"] / LN2
+                rec_.update(step=step, bytes=bytes_seen, flops=flops, flops_per_byte=flops / bytes_seen, lr=lr,
+                            time=now - t_start, bytes_per_s=(bytes_seen - b_log) / max(now - t_log, 1e-9))
+                emit(rec_)
                 if bar is not None:
-                    bar.set_postfix_str(f"{rec['bytes_per_s'] / 1e3:.1f}kB/s loss={rec['loss/auto']:.3f} "
-                                        f"bpb={rec['train/bpb']:.3f} rate={rec['boundary/rate']:.3f}")
+                    bar.set_postfix_str(f"{rec_['bytes_per_s'] / 1e3:.1f}kB/s loss={rec_['loss/auto']:.3f} "
+                                        f"bpb={rec_['train/bpb']:.3f} rate={rec_['boundary/rate']:.3f}")
                 acc.clear()
                 n_acc, t_log, b_log = 0, now, bytes_seen
             if bar is not None:
                 bar.update(1)
             t_pause = time.perf_counter()  # evaluation and checkpoints do not count as training time
             if cfg.eval_every and step % cfg.eval_every == 0 and step < steps:
-                ev = evaluate(model, val, device)
-                emit({"step": step, "bytes": bytes_seen, "flops": flops, "time": t_pause - t_start, **ev})
-                preview = boundary_sample(model, val_seqs_first(val), device, n_bytes=100).replace("\n", " ")
-                (bar.write if bar is not None else log)(
-                    f"step {step}: val bpb {ev['val/bpb']:.4f}, rate {ev['val/rate']:.3f}  {preview}")
+                if evaluate_here:
+                    ev = evaluate(model, val, device)
+                    emit({"step": step, "bytes": bytes_seen, "flops": flops, "time": t_pause - t_start, **ev})
+                    preview = boundary_sample(model, val_seqs_first(val), device, n_bytes=100).replace("\n", " ")
+                    if d.is_main:
+                        (bar.write if bar is not None else log)(
+                            f"step {step}: val bpb {ev['val/bpb']:.4f}, rate {ev['val/rate']:.3f}  {preview}")
+                if d.active:
+                    tdist.barrier()
             if cfg.ckpt_every and step % cfg.ckpt_every == 0:
                 elapsed = t_pause - t_start
                 save()
@@ -289,20 +376,60 @@ def train(cfg: TrainConfig, resume: bool = False, log=print) -> RunResult:
     except KeyboardInterrupt:
         log(f"interrupted at step {step}; saving a checkpoint (resume with: learntok train --resume {out_dir})")
         elapsed = time.perf_counter() - t_start
-        save()
+        if d.is_main and (not d.active or cfg.parallel != "fsdp"):  # no collectives: other ranks may be gone
+            save_checkpoint(out_dir, step, model.state_dict(), {
+                "optimizer": opt.state_dict(), "data": batches.state_dict(), "torch_rng": torch.get_rng_state(),
+                "step": step, "bytes_seen": bytes_seen, "tokens_seen": tokens_seen, "flops": flops,
+                "elapsed": elapsed, "world_size": d.world})
         raise
     finally:
         if bar is not None:
             bar.close()
-        metrics.close()
+        if metrics is not None:
+            metrics.close()
     elapsed = time.perf_counter() - t_start
     save()
-    ev = evaluate(model, val, device)
-    with open(out_dir / "metrics.jsonl", "a") as f:
-        f.write(json.dumps({"step": step, "bytes": bytes_seen, "flops": flops, **ev}) + "\n")
-    sample = boundary_sample(model, val_seqs_first(val), device, n_bytes=400)
+    ev, sample = {"val/bpb": float("nan"), "val/rate": float("nan")}, ""
+    if evaluate_here:
+        ev = evaluate(model, val, device)
+        sample = boundary_sample(model, val_seqs_first(val), device, n_bytes=400)
+    if d.is_main:
+        with open(out_dir / "metrics.jsonl", "a") as f:
+            f.write(json.dumps({"step": step, "bytes": bytes_seen, "flops": flops, "time": elapsed, **ev}) + "\n")
+    if d.active:
+        tdist.barrier()
     return RunResult(out=out_dir, steps=step, bytes_seen=bytes_seen, val_bpb=ev["val/bpb"], val_rate=ev["val/rate"],
                      seconds=elapsed, bytes_per_s=bytes_seen / max(elapsed, 1e-9), sample=sample)
+
+
+def _micro_batches(batch: torch.Tensor, flags: torch.Tensor | None, noise: torch.Tensor, micro: int,
+                   device: torch.device) -> list[tuple]:
+    """Split a (B, T+1) batch into micro-batches of (ids, targets, noise, prescribed flags or None)."""
+    out = []
+    for i in range(0, batch.shape[0], micro):
+        sl = slice(i, i + micro)
+        fl = None if flags is None else flags[sl, :-1].to(device)
+        out.append((batch[sl, :-1], batch[sl, 1:], noise[sl], fl))
+    return out
+
+
+def _agree(flag: bool, d: Dist) -> bool:
+    """True on every rank if it is True on any (so all ranks stop at the same step)."""
+    return bool(all_reduce_sum(torch.tensor(float(flag)), d) > 0)
+
+
+def _reduce_logs(rec: dict[str, float], d: Dist) -> dict[str, float]:
+    """Average logged scalars over ranks (max for the max-token count)."""
+    if not d.active:
+        return rec
+    keys = sorted(k for k in rec if k != "boundary/max_tokens")
+    vals = all_reduce_sum(torch.tensor([rec[k] for k in keys], dtype=torch.float64), d) / d.world
+    out = dict(zip(keys, vals.tolist()))
+    if "boundary/max_tokens" in rec:
+        t = torch.tensor(rec["boundary/max_tokens"])
+        tdist.all_reduce(t, op=tdist.ReduceOp.MAX)
+        out["boundary/max_tokens"] = float(t)
+    return out
 
 
 def val_seqs_first(val: list[tuple[torch.Tensor, torch.Tensor | None]]) -> tuple[torch.Tensor, torch.Tensor | None]:

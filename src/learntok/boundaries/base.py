@@ -110,11 +110,12 @@ class BoundaryStrategy(nn.Module):
         return distribute_add(y_tok, x, tokens)
 
     def losses(self, out: BoundaryOutput, logp: torch.Tensor | None, logp_early: torch.Tensor | None,
-               valid: torch.Tensor) -> dict[str, torch.Tensor]:
+               valid: torch.Tensor, reduce=None) -> dict[str, torch.Tensor]:
         """Auxiliary loss terms (already weighted, summed into the total) and statistics.
 
         logp, logp_early: (B,T) log-likelihood of each position's target under the main and early-exit
-        heads (detached; given when `uses_rewards`). valid: (B,T) bool, False at padding."""
+        heads (detached). valid: (B,T) bool, False at padding. reduce: maps this micro-batch's
+        `BatchStatistics` sums to the global batch's (learntok.distributed); None = this batch is global."""
         return {}
 
     def matrix_params(self) -> int:

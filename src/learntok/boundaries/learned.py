@@ -18,6 +18,7 @@ import torch.nn as nn
 
 from learntok.boundaries.base import BoundaryOutput, BoundaryStrategy
 from learntok.boundaries.reinforce import (
+    BatchStatistics,
     batch_relative_advantage,
     discounted_returns,
     sample_window_policy,
@@ -68,20 +69,26 @@ class LearnedBoundaries(BoundaryStrategy):
         return BoundaryOutput(mask=mask, probs=torch.sigmoid(logits), logits=logits, log_prob=log_prob,
                               free=~forced, stats={"boundary/sample_rounds": float(rounds)})
 
-    def losses(self, out, logp, logp_early, valid):
+    def losses(self, out, logp, logp_early, valid, reduce=None):
         cfg = self.cfg
         keep = valid & out.free  # (B,T) positions whose decision is trained
-        kf = keep.float()
+        vf, kf = valid.float(), keep.float()
         n = kf.sum().clamp(min=1)
         # Reward of the prediction made at position t (of byte t+1): how much the full model beats the
         # early-exit head. Decision a_t affects predictions at t, t+1, ..., so its return starts at r_t.
-        r = ((logp - logp_early) * valid.float()).float()  # (B,T)
+        r = ((logp - logp_early) * vf).float()  # (B,T)
         g = discounted_returns(r, cfg.gamma)  # (B,T)
-        adv = batch_relative_advantage(g, valid)  # (B,T)
+        # Batch statistics of the *global* batch (all ranks and micro-steps) when a reducer is given.
+        local = BatchStatistics(g_sum=(g * vf).sum(0), g_cnt=vf.sum(0), g2_sum=(g * g * vf).sum(0),
+                                p_sum=(out.probs.detach() * kf).sum(), n=kf.sum())
+        stats = reduce(local) if reduce is not None else local
+        mean_g = stats.g_sum / stats.g_cnt.clamp(min=1)  # (T,)
+        adv = batch_relative_advantage(g, valid, mean=mean_g)  # (B,T)
         if cfg.normalize_advantage:
-            adv = adv / (adv[keep].std() + 1e-6)
+            var = (stats.g2_sum - stats.g_cnt * mean_g**2).sum() / stats.g_cnt.sum().clamp(min=1)
+            adv = adv / (var.clamp(min=0).sqrt() + 1e-6)
         policy = -(out.log_prob * adv.detach() * kf).sum() / n
-        p_mean = (out.probs * kf).sum() / n
+        p_mean = stats.p_sum / stats.n.clamp(min=1)
         l_mean = (out.logits * kf).sum() / n
         target = l_mean * (p_mean - cfg.target_rate).detach()
         return {

@@ -11,6 +11,8 @@ Pure functions on tensors, each with a plain reference beside it for the tests:
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
+
 import torch
 import torch.nn.functional as F
 
@@ -107,8 +109,36 @@ def reference_returns(r: torch.Tensor, gamma: float) -> torch.Tensor:
     return g
 
 
-def batch_relative_advantage(g: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """A_{t,b} = G_{t,b} - mean over valid b of G_{t,b} (eq. 17); 0 at invalid entries. (B,T) -> (B,T)."""
+def batch_relative_advantage(g: torch.Tensor, valid: torch.Tensor, mean: torch.Tensor | None = None) -> torch.Tensor:
+    """A_{t,b} = G_{t,b} - mean over valid b of G_{t,b} (eq. 17); 0 at invalid entries. (B,T) -> (B,T).
+    `mean` (T,) replaces the local per-position mean by the global batch's (see learntok.distributed)."""
     vf = valid.to(g.dtype)
-    mean = (g * vf).sum(0) / vf.sum(0).clamp(min=1)  # (T,)
+    if mean is None:
+        mean = (g * vf).sum(0) / vf.sum(0).clamp(min=1)  # (T,)
     return (g - mean) * vf
+
+
+@dataclass
+class BatchStatistics:
+    """Sums over a batch of what the estimator averages over the batch."""
+
+    g_sum: torch.Tensor
+    """(T,) sum over rows of the return G_t at valid positions."""
+    g_cnt: torch.Tensor
+    """(T,) number of valid rows at each position."""
+    g2_sum: torch.Tensor
+    """(T,) sum of G_t^2 (for optional advantage normalisation)."""
+    p_sum: torch.Tensor
+    """() sum of boundary probabilities over trained decisions."""
+    n: torch.Tensor
+    """() number of trained decisions."""
+
+    def __add__(self, other: BatchStatistics) -> BatchStatistics:
+        return BatchStatistics(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
+
+    def stacked(self) -> torch.Tensor:
+        return torch.cat([self.g_sum, self.g_cnt, self.g2_sum, self.p_sum.view(1), self.n.view(1)])
+
+    @staticmethod
+    def unstack(v: torch.Tensor, T: int) -> BatchStatistics:
+        return BatchStatistics(v[:T], v[T:2 * T], v[2 * T:3 * T], v[3 * T], v[3 * T + 1])

@@ -91,9 +91,11 @@ class ByteLM(nn.Module):
         return x
 
     def forward(self, ids: torch.Tensor, targets: torch.Tensor | None = None, *, noise: torch.Tensor | None = None,
-                generator: torch.Generator | None = None, prescribed: torch.Tensor | None = None) -> ModelOutput:
+                generator: torch.Generator | None = None, prescribed: torch.Tensor | None = None,
+                batch_stats=None) -> ModelOutput:
         """ids (B,T) input ids (BOS first); targets (B,T) next ids or IGNORE; noise (B,T) boundary uniforms;
-        prescribed (B,T) bool boundary flags from the data pipeline (strategies with `annotate`)."""
+        prescribed (B,T) bool boundary flags from the data pipeline (strategies with `annotate`);
+        batch_stats: reducer to global-batch statistics for the estimator (learntok.distributed)."""
         B, T = ids.shape
         dh = self.cfg.d_model // self.cfg.n_heads
         rope_byte = rope_tables(torch.arange(T, device=ids.device), dh, self.cfg.rope_base)
@@ -110,10 +112,10 @@ class ByteLM(nn.Module):
         logits = self._head(self.norm_out, self.head, h)  # (B,T,V)
         result = ModelOutput(logits=logits, boundaries=out, n_tokens=tokens.count)
         if targets is not None:
-            self._losses(result, x, targets)
+            self._losses(result, x, targets, batch_stats)
         return result
 
-    def _losses(self, res: ModelOutput, x: torch.Tensor, targets: torch.Tensor) -> None:
+    def _losses(self, res: ModelOutput, x: torch.Tensor, targets: torch.Tensor, batch_stats=None) -> None:
         """L = w_auto L_auto + lambda_early L_early + strategy terms (eq. 27); all per-byte means."""
         bc = self.bcfg
         valid = targets != IGNORE  # (B,T)
@@ -125,7 +127,7 @@ class ByteLM(nn.Module):
         nll_early = F.cross_entropy(logits_early.flatten(0, 1), targets.flatten(), ignore_index=IGNORE,
                                     reduction="none").view_as(targets)
         l_auto, l_early = nll.sum() / n, nll_early.sum() / n
-        aux = self.boundary.losses(res.boundaries, -nll.detach(), -nll_early.detach(), valid)
+        aux = self.boundary.losses(res.boundaries, -nll.detach(), -nll_early.detach(), valid, reduce=batch_stats)
         w_auto = 1.0 - bc.lambda_early if bc.code_loss_weights else 1.0
         total = w_auto * l_auto + bc.lambda_early * l_early
         for k, v in aux.items():
