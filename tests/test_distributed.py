@@ -9,6 +9,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+
+pytestmark = pytest.mark.filterwarnings("ignore:FSDP2-wrapped module")
 import torch
 import torch.multiprocessing as mp
 from safetensors.torch import load_file
@@ -102,3 +104,9 @@ def test_two_process_resume_continues_like_uninterrupted(tmp_path, cfg):
     _run(replace(part, resume=str(tmp_path / "part")), world=2, resume=True)
     assert _losses(tmp_path / "part") == _losses(tmp_path / "full")
     _assert_same(_weights(tmp_path / "full"), _weights(tmp_path / "part"), atol=1e-12)
+
+
+def test_fsdp2_two_processes_equal_one_process(tmp_path, cfg):
+    _run(replace(cfg, out=str(tmp_path / "one")), world=1)
+    _run(replace(cfg, out=str(tmp_path / "fsdp"), parallel="fsdp", ckpt_every=2), world=2)
+    _assert_same(_weights(tmp_path / "one"), _weights(tmp_path / "fsdp"), atol=2e-5)
