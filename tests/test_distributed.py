@@ -9,8 +9,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-
-pytestmark = pytest.mark.filterwarnings("ignore:FSDP2-wrapped module")
 import torch
 import torch.multiprocessing as mp
 from safetensors.torch import load_file
@@ -18,6 +16,8 @@ from safetensors.torch import load_file
 from learntok.train import train
 
 from .conftest import tiny_train_config
+
+pytestmark = pytest.mark.filterwarnings("ignore:FSDP2-wrapped module")
 
 
 def _free_port() -> int:
