@@ -1,3 +1,24 @@
 """learntok: byte-level language models that learn their own tokenization end to end."""
 
 __version__ = "0.1.0"
+
+
+def from_pretrained(path, device="cpu"):
+    """A trained ByteLM from an exported model directory or a run directory (see learntok.pretrained)."""
+    from learntok.pretrained import from_pretrained as _load
+
+    return _load(path, device)
+
+
+def save_pretrained(model, out_dir, *, seq_len: int, source_dir=None):
+    from learntok.pretrained import save_pretrained as _save
+
+    return _save(model, out_dir, seq_len=seq_len, source_dir=source_dir)
+
+
+def __getattr__(name):  # lazy: `learntok.Segmenter` without importing torch at package import
+    if name in ("Segmenter", "Span"):
+        from learntok import segment
+
+        return getattr(segment, name)
+    raise AttributeError(name)

@@ -89,4 +89,5 @@ def load_run(path: str | Path, device: str | torch.device = "cpu"):
     model = ByteLM(cfg.model, cfg.boundary)
     model.boundary.prepare([], [], run_dir)
     load_checkpoint(ckpt, model)
+    model.seq_len = cfg.data_cfg.seq_len  # the context length it was trained on (used to window long texts)
     return cfg, model.to(device).eval()

@@ -17,6 +17,9 @@ USAGE = """usage: learntok COMMAND [options]
 
 commands:
   train     train a model (learntok train --help lists every option)
+  export    turn a run into a shareable model directory (config.json + model.safetensors)
+  segment   segment text with a model's learned boundaries
+  vocab     statistics of the learned segments over a corpus
 
 examples:
   learntok train                                   # the tiny preset on this Python's stdlib sources
@@ -75,7 +78,88 @@ def cmd_train(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"train": cmd_train}
+def cmd_export(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="learntok export",
+                                 description="Convert a training run into a shareable model directory "
+                                             "(config.json + model.safetensors).")
+    ap.add_argument("run_dir")
+    ap.add_argument("out_dir")
+    args = ap.parse_args(argv)
+    from learntok.pretrained import export_run
+
+    print(f"wrote {export_run(args.run_dir, args.out_dir)}")
+    return 0
+
+
+def _read_text(args) -> bytes:
+    if args.text is not None:
+        return args.text.encode()
+    if args.file is not None:
+        path = Path(args.file)
+        if not path.exists():
+            raise FileNotFoundError(f"--file {path}: no such file")
+        return path.read_bytes()
+    return sys.stdin.buffer.read()
+
+
+def cmd_segment(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="learntok segment", description="Segment text with a model's learned "
+                                 "boundaries (a boundary byte starts a segment).")
+    ap.add_argument("checkpoint", help="run directory or exported model directory")
+    src = ap.add_mutually_exclusive_group()
+    src.add_argument("--text")
+    src.add_argument("--file")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--greedy", action="store_true", default=True, help="p > 0.5 (default)")
+    mode.add_argument("--sample", action="store_true", help="sample the boundaries (with --seed)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--format", choices=["text", "jsonl"], default="text")
+    ap.add_argument("--sep", default="|", help="separator for --format text")
+    ap.add_argument("--out", help="write here instead of stdout")
+    args = ap.parse_args(argv)
+    from learntok.segment import Segmenter
+
+    seg = Segmenter.from_pretrained(args.checkpoint, greedy=not args.sample, seed=args.seed)
+    spans = seg.segment(_read_text(args))
+    if args.format == "jsonl":
+        text = "".join(json.dumps({"start": s.start, "end": s.end, "text": s.text}) + "\n" for s in spans)
+    else:
+        text = args.sep.join(s.text for s in spans) + "\n"
+    if args.out:
+        Path(args.out).write_text(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def cmd_vocab(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="learntok vocab", description="Statistics of the learned segments over a "
+                                 "corpus: most frequent segments, mean length, share of whole words.")
+    ap.add_argument("checkpoint")
+    ap.add_argument("--data", required=True, help="any data spec `learntok train --data` accepts")
+    ap.add_argument("--text-field", default="text")
+    ap.add_argument("--max-bytes", type=int, default=200_000)
+    ap.add_argument("--top", type=int, default=30)
+    args = ap.parse_args(argv)
+    from learntok.data import iter_documents
+    from learntok.segment import Segmenter, vocab_stats
+
+    seg = Segmenter.from_pretrained(args.checkpoint)
+    docs, total = [], 0
+    for _, doc in iter_documents(args.data, args.text_field):
+        docs.append(doc[: args.max_bytes - total])
+        total += len(docs[-1])
+        if total >= args.max_bytes:
+            break
+    stats = vocab_stats(docs, [seg.segment(d) for d in docs], top=args.top)
+    print(f"{stats['segments']:,} segments ({stats['distinct']:,} distinct) over {total:,} bytes; "
+          f"mean {stats['mean_bytes']:.2f} bytes; whole words {100 * stats['whole_word_share']:.1f}%")
+    for text, count in stats["most_frequent"]:
+        print(f"{count:8d}  {text!r}")
+    return 0
+
+
+COMMANDS = {"train": cmd_train, "export": cmd_export, "segment": cmd_segment, "vocab": cmd_vocab}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -91,6 +91,11 @@ class BoundaryStrategy(nn.Module):
         """Called once before training or evaluation with the raw documents, e.g. to train a BPE tokenizer
         (saved in, and on resume reloaded from, `run_dir`). Default: nothing."""
 
+    def artifacts(self) -> list[str]:
+        """Files/directories (relative to the run directory) that `prepare` saved and that a shared model needs
+        (e.g. the BPE tokenizer); `save_pretrained` copies them. Default: none."""
+        return []
+
     def annotate(self, doc: bytes) -> np.ndarray | None:
         """Per-byte prescribed boundary flags of one document (bool, len(doc)), computed once per document by
         the data pipeline and cached beside the bytes; they reach `propose` as `prescribed`. None (the

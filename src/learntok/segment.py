@@ -1,0 +1,95 @@
+"""The learned tokenizer as a tool: segment any text with a trained model's boundaries.
+
+    seg = Segmenter.from_pretrained("runs/tiny")           # a run directory or an exported model
+    for span in seg.segment("def main():\\n    pass"):
+        print(span.start, span.end, span.text)
+
+A boundary byte *starts* a segment (a_t = 1: the token-level model reads byte t's state, which summarises the
+text up to and including it); with BPE guidance's shifted rule this gives back the BPE tokens. Texts longer
+than the model's context are cut into consecutive windows of its training length, each starting with BOS
+(a window start is then always a boundary). Only the model's forward pass is needed, no training code.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from learntok.vocab import BOS
+
+
+@dataclass(frozen=True)
+class Span:
+    start: int
+    """Byte offset of the segment's first byte in the UTF-8 text."""
+    end: int
+    """Byte offset one past its last byte."""
+    text: str
+    """The segment decoded as UTF-8 (a segment may split a multi-byte character: then with U+FFFD)."""
+
+
+class Segmenter:
+    def __init__(self, model, *, greedy: bool = True, seed: int = 0, window: int | None = None):
+        self.model = model.eval()
+        self.greedy, self.seed = greedy, seed
+        self.window = window or getattr(model, "seq_len", 512)
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, **kw) -> Segmenter:
+        from learntok.pretrained import from_pretrained
+
+        return cls(from_pretrained(path), **kw)
+
+    @torch.no_grad()
+    def boundaries(self, data: bytes) -> list[bool]:
+        """One flag per byte of `data`: True where a segment starts."""
+        flags: list[bool] = []
+        step = self.window - 1  # BOS + window-1 bytes per forward pass
+        gen = torch.Generator().manual_seed(self.seed)
+        for start in range(0, len(data), step):
+            chunk = data[start:start + step]
+            ids = torch.tensor([[BOS, *chunk]])
+            noise = torch.full(ids.shape, 0.5) if self.greedy else torch.rand(ids.shape, generator=gen)
+            prescribed = None
+            ann = self.model.boundary.annotate(chunk)
+            if ann is not None:
+                prescribed = torch.tensor([[True, *map(bool, ann)]])
+            out = self.model(ids, noise=noise, prescribed=prescribed)
+            mask = out.boundaries.mask[0, 1:].tolist()  # flag of position i+1 = text byte i
+            mask[0] = True  # a window always starts a segment
+            flags += mask
+        return flags
+
+    def segment(self, text: str | bytes) -> list[Span]:
+        data = text.encode() if isinstance(text, str) else text
+        if not data:
+            return []
+        flags = self.boundaries(data)
+        flags[0] = True
+        starts = [i for i, f in enumerate(flags) if f] + [len(data)]
+        return [Span(a, b, data[a:b].decode("utf-8", errors="replace")) for a, b in zip(starts, starts[1:])]
+
+    def segment_batch(self, texts: list[str | bytes]) -> list[list[Span]]:
+        return [self.segment(t) for t in texts]
+
+
+def vocab_stats(docs: list[bytes], spans_per_doc: list[list[Span]], top: int = 30) -> dict:
+    """Most frequent segments, mean segment length in bytes, and the share of segments that are whole words:
+    letters/digits only (after an optional leading space), with no letter or digit just before or after."""
+    counts: Counter[str] = Counter()
+    total_bytes, words, n = 0, 0, 0
+    for data, spans in zip(docs, spans_per_doc):
+        for s in spans:
+            counts[s.text] += 1
+            total_bytes += s.end - s.start
+            n += 1
+            start = s.start + (data[s.start:s.start + 1] == b" ")
+            core = data[start:s.end]
+            before = data[start - 1:start] if start > 0 else b""
+            after = data[s.end:s.end + 1]
+            words += bool(core) and core.isalnum() and not before.isalnum() and not after.isalnum()
+    return {"segments": n, "distinct": len(counts), "mean_bytes": total_bytes / max(n, 1),
+            "whole_word_share": words / max(n, 1), "most_frequent": counts.most_common(top)}

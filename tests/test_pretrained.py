@@ -1,0 +1,81 @@
+"""Shareable checkpoints and the learned tokenizer."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import learntok
+from learntok.cli import main
+from learntok.segment import Segmenter, vocab_stats
+from learntok.train import train
+
+from .conftest import tiny_train_config
+
+
+@pytest.fixture
+def run(tmp_path, text_corpus):
+    train(tiny_train_config(tmp_path / "run", text_corpus, max_steps=2), log=lambda *_: None)
+    return tmp_path / "run"
+
+
+def test_export_round_trip_and_strict_loading(tmp_path, run):
+    out = tmp_path / "export"
+    assert main(["export", str(run), str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    model = learntok.from_pretrained(out)
+    ref = learntok.from_pretrained(run)
+    ids = torch.tensor([[256, *b"def f(x):\n    return x"]])
+    noise = torch.full(ids.shape, 0.5)
+    torch.testing.assert_close(model(ids, noise=noise).logits, ref(ids, noise=noise).logits, rtol=0, atol=0)
+    # missing tensor
+    tensors = load_file(str(out / "model.safetensors"))
+    tensors.pop("head.weight")
+    save_file(tensors, str(out / "model.safetensors"))
+    with pytest.raises(ValueError, match="missing"):
+        learntok.from_pretrained(out)
+    # older / other config version
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["config_version"] = 0
+    (out / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="not supported"):
+        learntok.from_pretrained(out)
+    with pytest.raises(FileNotFoundError):
+        learntok.from_pretrained(tmp_path / "nothing")
+
+
+def test_segmenter_spans_tile_the_text(run):
+    seg = Segmenter.from_pretrained(run, window=16)  # small window: texts span several windows
+    text = "héllo wörld 日本語 😀 " * 5
+    spans = seg.segment(text)
+    data = text.encode()
+    assert spans[0].start == 0 and spans[-1].end == len(data)
+    assert all(a.end == b.start for a, b in zip(spans, spans[1:]))
+    assert b"".join(data[s.start:s.end] for s in spans) == data
+    assert seg.segment_batch([text, ""]) == [spans, []]
+    # boundaries agree with the model's forward pass on a short text
+    short = b"x = 1\nprint(x)\n"
+    mask = seg.model(torch.tensor([[256, *short]]), noise=torch.full((1, len(short) + 1), 0.5)).boundaries.mask
+    starts = [s.start for s in Segmenter(seg.model).segment(short)]
+    assert starts == [0] + [i for i in range(1, len(short)) if mask[0, i + 1]]
+
+
+def test_vocab_stats_counts_whole_words():
+    data = b"the cat sat"
+    from learntok.segment import Span
+
+    spans = [Span(0, 3, "the"), Span(3, 7, " cat"), Span(7, 9, " s"), Span(9, 11, "at")]
+    st = vocab_stats([data], [spans])
+    assert st["segments"] == 4 and st["mean_bytes"] == pytest.approx(11 / 4)
+    assert st["whole_word_share"] == pytest.approx(2 / 4)
+
+
+def test_segment_and_vocab_commands(tmp_path, run, text_corpus, capsys):
+    assert main(["segment", str(run), "--text", "import os\n", "--format", "jsonl"]) == 0
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert "".join(x["text"] for x in lines) == "import os\n"
+    assert main(["vocab", str(run), "--data", str(text_corpus), "--max-bytes", "2000"]) == 0
+    assert "whole words" in capsys.readouterr().out
