@@ -108,6 +108,19 @@ class BoundaryStrategy(nn.Module):
         if given (tests inject it), else drawn from `generator`; prescribed (B,T) bool flags from `annotate`."""
         raise NotImplementedError
 
+    has_step: ClassVar[bool] = False
+    """True if `init_step_state` / `step` are implemented (cached generation); otherwise generation
+    recomputes the full forward pass for every byte."""
+
+    def init_step_state(self, batch: int, noise: torch.Tensor) -> dict:
+        """State for `step`; noise (B, T_total) holds the boundary uniforms of every future position."""
+        raise NotImplementedError
+
+    def step(self, x_t: torch.Tensor, ids_t: torch.Tensor, t: int, state: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """Boundary at byte position t from the encoder state x_t (B,D) and byte ids_t (B,), updating `state`:
+        returns (a_t (B,) bool, p_t (B,)). Must equal `propose` on the full sequence with the same noise."""
+        raise NotImplementedError
+
     def downsample(self, x: torch.Tensor, out: BoundaryOutput) -> Tokens:
         return select(x, out.mask)
 

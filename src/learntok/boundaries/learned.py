@@ -69,6 +69,25 @@ class LearnedBoundaries(BoundaryStrategy):
         return BoundaryOutput(mask=mask, probs=torch.sigmoid(logits), logits=logits, log_prob=log_prob,
                               free=~forced, stats={"boundary/sample_rounds": float(rounds)})
 
+    has_step = True
+
+    def init_step_state(self, batch, noise):
+        return {"noise": noise, "prev": torch.zeros(batch, self.cfg.policy_window, device=noise.device)}
+
+    def step(self, x_t, ids_t, t, state):
+        cfg = self.cfg
+        c = self.proj(self.norm(x_t)).float() / cfg.logit_scale  # (B,w+1)
+        logit = c[:, 0] + self.bias
+        if cfg.policy_window:
+            logit = logit + (state["prev"] * c[:, 1:]).sum(-1)  # prev[:, j] = a_{t-1-j}
+        p = torch.sigmoid(softcap(logit, cfg.logit_softcap if self.training else 0.0))  # (B,)
+        a = state["noise"][:, t] < p
+        if t == 0:
+            a, p = torch.ones_like(a), torch.ones_like(p)
+        if cfg.policy_window:
+            state["prev"] = torch.cat([a.float()[:, None], state["prev"][:, :-1]], dim=1)
+        return a, p
+
     def losses(self, out, logp, logp_early, valid, reduce=None):
         cfg = self.cfg
         keep = valid & out.free  # (B,T) positions whose decision is trained

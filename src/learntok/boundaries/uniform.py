@@ -17,6 +17,15 @@ class UniformBoundaries(BoundaryStrategy):
         self.stride = max(1, round(1 / cfg.target_rate))
         self.force_last = cfg.force_last
 
+    has_step = True
+
+    def init_step_state(self, batch, noise):
+        return {}
+
+    def step(self, x_t, ids_t, t, state):
+        a = torch.full(ids_t.shape, t % self.stride == 0, dtype=torch.bool, device=ids_t.device)
+        return a, a.float()
+
     def propose(self, x, ids, *, noise, generator, prescribed=None):
         B, T = ids.shape
         t = torch.arange(T, device=ids.device)
@@ -37,6 +46,17 @@ class UniformRandomBoundaries(BoundaryStrategy):
     def __init__(self, cfg: BoundaryConfig, dim: int):
         super().__init__()
         self.rate, self.force_last = cfg.target_rate, cfg.force_last
+
+    has_step = True
+
+    def init_step_state(self, batch, noise):
+        # The top-K of the noise over the whole generation length: positions are fixed in advance.
+        ids = torch.zeros(noise.shape, dtype=torch.long, device=noise.device)
+        return {"mask": self.propose(None, ids, noise=noise, generator=None).mask}
+
+    def step(self, x_t, ids_t, t, state):
+        a = state["mask"][:, t]
+        return a, torch.full(a.shape, self.rate, device=a.device)
 
     def propose(self, x, ids, *, noise, generator, prescribed=None):
         B, T = ids.shape

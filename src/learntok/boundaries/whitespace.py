@@ -37,6 +37,17 @@ class WhitespaceBoundaries(BoundaryStrategy):
     def __init__(self, cfg: BoundaryConfig, dim: int):
         super().__init__()
 
+    has_step = True
+
+    def init_step_state(self, batch, noise):
+        return {"prev_space": torch.ones(batch, dtype=torch.bool, device=noise.device)}
+
+    def step(self, x_t, ids_t, t, state):
+        space = spacelike_table(ids_t.device)[ids_t]  # (B,)
+        a = space & ~state["prev_space"] if t > 0 else torch.ones_like(space)
+        state["prev_space"] = space
+        return a, a.float()
+
     def propose(self, x, ids, *, noise, generator, prescribed=None):
         mask = spacebyte_boundaries(ids)
         return BoundaryOutput(mask=mask, probs=mask.float())

@@ -136,6 +136,12 @@ class ByteLM(nn.Module):
         res.loss, res.nll = total, nll
         res.terms = {"loss/auto": l_auto.detach(), "loss/early": l_early.detach(), **aux}
 
+    def generate(self, prompts, max_new_bytes: int = 200, **kw) -> list[bytes]:
+        """Batched cached generation; see `learntok.generate.generate` for the options."""
+        from learntok.generate import generate
+
+        return generate(self, prompts, max_new_bytes, **kw)
+
     # -- accounting ----------------------------------------------------------------------------------------
 
     def matrix_params(self) -> tuple[int, int]:
