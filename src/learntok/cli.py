@@ -20,6 +20,7 @@ commands:
   export    turn a run into a shareable model directory (config.json + model.safetensors)
   segment   segment text with a model's learned boundaries
   vocab     statistics of the learned segments over a corpus
+  generate  continue a prompt (batched, cached, streaming)
 
 examples:
   learntok train                                   # the tiny preset on this Python's stdlib sources
@@ -110,8 +111,9 @@ def cmd_segment(argv: list[str]) -> int:
     src.add_argument("--text")
     src.add_argument("--file")
     mode = ap.add_mutually_exclusive_group()
-    mode.add_argument("--greedy", action="store_true", default=True, help="p > 0.5 (default)")
-    mode.add_argument("--sample", action="store_true", help="sample the boundaries (with --seed)")
+    mode.add_argument("--greedy", action="store_true", help="a boundary where p > 0.5")
+    mode.add_argument("--sample", action="store_true", help="sample the boundaries with --seed (the default, as "
+                      "the paper evaluates)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--format", choices=["text", "jsonl"], default="text")
     ap.add_argument("--sep", default="|", help="separator for --format text")
@@ -119,7 +121,7 @@ def cmd_segment(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     from learntok.segment import Segmenter
 
-    seg = Segmenter.from_pretrained(args.checkpoint, greedy=not args.sample, seed=args.seed)
+    seg = Segmenter.from_pretrained(args.checkpoint, greedy=args.greedy, seed=args.seed)
     spans = seg.segment(_read_text(args))
     if args.format == "jsonl":
         text = "".join(json.dumps({"start": s.start, "end": s.end, "text": s.text}) + "\n" for s in spans)
@@ -159,7 +161,40 @@ def cmd_vocab(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"train": cmd_train, "export": cmd_export, "segment": cmd_segment, "vocab": cmd_vocab}
+def cmd_generate(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="learntok generate", description="Continue a prompt, streaming bytes as "
+                                 "they are produced (cached at the byte and token levels).")
+    ap.add_argument("checkpoint", help="run directory or exported model directory")
+    ap.add_argument("--prompt", action="append", required=True, help="repeat for a batch")
+    ap.add_argument("--max-new-bytes", type=int, default=200)
+    ap.add_argument("--temperature", type=float, default=0.8)
+    ap.add_argument("--top-k", type=int, default=0)
+    ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--stop", action="append", default=[], help="stop a row when its output ends with this")
+    ap.add_argument("--no-cache", action="store_true", help="recompute the full forward pass every byte")
+    args = ap.parse_args(argv)
+    from learntok.generate import generate
+    from learntok.pretrained import from_pretrained
+
+    model = from_pretrained(args.checkpoint)
+    single = len(args.prompt) == 1
+    if single:
+        sys.stdout.write(args.prompt[0])
+    outs = generate(model, args.prompt, args.max_new_bytes, temperature=args.temperature, top_k=args.top_k,
+                    top_p=args.top_p, seed=args.seed, stop=[s.encode() for s in args.stop],
+                    use_cache=not args.no_cache,
+                    on_text=(lambda _b, text: (sys.stdout.write(text), sys.stdout.flush())) if single else None)
+    if single:
+        sys.stdout.write("\n")
+    else:
+        for prompt, out in zip(args.prompt, outs):
+            print(json.dumps({"prompt": prompt, "output": out.decode("utf-8", errors="replace")}))
+    return 0
+
+
+COMMANDS = {"train": cmd_train, "export": cmd_export, "segment": cmd_segment, "vocab": cmd_vocab,
+            "generate": cmd_generate}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,7 +7,8 @@
 A boundary byte *starts* a segment (a_t = 1: the token-level model reads byte t's state, which summarises the
 text up to and including it); with BPE guidance's shifted rule this gives back the BPE tokens. Texts longer
 than the model's context are cut into consecutive windows of its training length, each starting with BOS
-(a window start is then always a boundary). Only the model's forward pass is needed, no training code.
+(a window start is then always a boundary). Boundaries are sampled with a fixed seed by default (the paper's
+evaluation protocol); greedy=True takes p > 0.5. Only the forward pass is needed, no training code.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ class Span:
 
 
 class Segmenter:
-    def __init__(self, model, *, greedy: bool = True, seed: int = 0, window: int | None = None):
+    def __init__(self, model, *, greedy: bool = False, seed: int = 0, window: int | None = None):
         self.model = model.eval()
         self.greedy, self.seed = greedy, seed
         self.window = window or getattr(model, "seq_len", 512)
