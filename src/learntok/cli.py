@@ -21,6 +21,7 @@ commands:
   segment   segment text with a model's learned boundaries
   vocab     statistics of the learned segments over a corpus
   generate  continue a prompt (batched, cached, streaming)
+  train-entropy-model   train the small byte LM of the `entropy` (BLT) boundary strategy
 
 examples:
   learntok train                                   # the tiny preset on this Python's stdlib sources
@@ -193,8 +194,14 @@ def cmd_generate(argv: list[str]) -> int:
     return 0
 
 
+def cmd_train_entropy_model(argv: list[str]) -> int:
+    from learntok.boundaries.entropy import main_train_entropy_model
+
+    return main_train_entropy_model(argv)
+
+
 COMMANDS = {"train": cmd_train, "export": cmd_export, "segment": cmd_segment, "vocab": cmd_vocab,
-            "generate": cmd_generate}
+            "generate": cmd_generate, "train-entropy-model": cmd_train_entropy_model}
 
 
 def main(argv: list[str] | None = None) -> int:
