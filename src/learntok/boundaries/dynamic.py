@@ -1,0 +1,171 @@
+"""Dynamic token pooling (Nawrot, Chorowski, Łańcucki & Ponti 2023): a Gumbel-sigmoid straight-through
+boundary predictor with mean pooling (baselines.md §2b).
+
+    l_t  = W_2 ReLU(W_1 RMSNorm(X_t) + b_1) + b_2                    (the paper's port: d -> d -> 1, ReLU)
+    s_t  = sigmoid((l_t + log u_t - log(1 - u_t)) / tau)             (Gumbel-sigmoid, u_t ~ U(0,1))
+    b_t  = [s_t > 0.5],   b~_t = b_t + s_t - sg(s_t),   b_0 = 1      (straight-through)
+    L_B  = -(1/n) mean_batch log Binomial(k = sum_t b~_t; n, alpha)  (the prior; alpha = target_rate)
+
+Pooling (our convention = Nawrot's without the null group, since b_0 = 1): a boundary ends its group, byte t
+belongs to group g(t) = sum_{i<t} b_i, token j is the mean of X over its group and sits at its boundary byte
+(RoPE position); byte t reads back token c(t) = sum_{i<=t} b_i - 1, the latest group whose boundary is <= t.
+Bytes after the last boundary form an unfinished group that no byte reads, so it is dropped (Nawrot drops it
+too). Reading token sum_{i<=t} b_i instead (the paper port's first upsampler: the null group removed without
+re-indexing) hands byte t the group after its own, which holds future bytes: a leak (tests/test_dynamic.py).
+
+The LM loss reaches the predictor only through the pooling weights (baselines.md §2b). Nawrot builds dense
+B x T x M matrices with entry 1 - (s - g_t) at s = g_t, g_t from the cumsum of b~, normalised over the group.
+The entry depends on (t, s) only through the one-hot of g(t), so it factorises into a hard slot g(t) and a
+per-byte weight w_t = 1 + g_t - sg(g_t) (forward exactly 1); `mean_pool` is that scatter in O(B T D) memory
+with the dense version's gradient (`nawrot_dense_weights` is the reference; the test compares both).
+Nawrot's upsample weights are normalised over a single non-zero entry (v / (v + 1e-9)), so they carry no
+gradient to b~; the upsample here is therefore the plain gather `distribute_add`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+from learntok.boundaries.base import BoundaryOutput, BoundaryStrategy, Tokens, distribute_add, select
+from learntok.config import BoundaryConfig
+from learntok.model.layers import RMSNorm
+
+
+@dataclass
+class DynamicOutput(BoundaryOutput):
+    """A `BoundaryOutput` that also carries the straight-through boundaries."""
+
+    ste: torch.Tensor | None = None
+    """(B,T) fp32 b~_t = b_t + s_t - sg(s_t): forward exactly the hard mask (1 at forced positions, without
+    gradient), backward the Gumbel-sigmoid surrogate."""
+
+
+def gumbel_sigmoid_boundaries(logits: torch.Tensor, noise: torch.Tensor, tau: float,
+                              forced: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Hard and straight-through boundaries from fp32 logits (B,T) and uniforms `noise` (B,T).
+
+    b_t = [s_t > 0.5] is evaluated as [z_t > 0] (the same event; sigmoid(z) rounds to 0.5 for tiny z > 0),
+    which makes b_t an exact Bernoulli(sigmoid(l_t)) sample: b_t = [u_t > 1 - p_t]. tau only scales the
+    surrogate gradient ds/dl = s(1 - s)/tau. u is clamped to [1e-6, 1 - 1e-6] so log u stays finite."""
+    z = (logits + torch.logit(noise.float(), eps=1e-6)) / tau  # (B,T) relaxed logit
+    s = torch.sigmoid(z)  # (B,T)
+    mask = (z > 0) | forced  # (B,T) bool
+    # b + (s - sg(s)): the bracket is exactly 0 in the forward pass, so b~ equals the mask bit for bit.
+    ste = torch.where(forced, torch.ones_like(s), mask.float() + (s - s.detach()))  # (B,T) fp32
+    return mask, ste
+
+
+def mean_pool(x: torch.Tensor, mask: torch.Tensor, ste: torch.Tensor) -> Tokens:
+    """Token j = mean of X over group j (the bytes after boundary j-1 up to boundary j), with Nawrot's
+    gradient path to the straight-through boundaries `ste` (B,T). x (B,T,D), mask (B,T) bool.
+
+    Hard indices come from the int64 count of `mask`; the weights from the fp32 cumsum of `ste` (a bf16
+    cumsum of ones is exact only to 256). Padding rows (j >= count) are zero."""
+    B, T, D = x.shape
+    tok = select(x, mask)  # pos (RoPE positions), count, index c(t); tok.x is replaced below
+    M = tok.pos.shape[1]
+    group = tok.index + 1 - mask.long()  # (B,T) g(t) = sum_{i<t} a_i: a boundary ends its group
+    done = group < tok.count.unsqueeze(1)  # (B,T) False for the unfinished group after the last boundary
+    rows = torch.arange(B, device=x.device).unsqueeze(1) * (M + 1)  # (B,1) row offset; slot M is a spill
+    slot = (torch.where(done, group, M) + rows).flatten()  # (B*T,)
+    b = ste.float()
+    g = b.cumsum(1) - b  # (B,T) soft exclusive count, equals `group` in the forward pass
+    w = 1.0 + (g - g.detach())  # (B,T) Nawrot's entry 1 - (s - g_t) at s = g_t: forward 1, d/db~_i = 1 (i < t)
+    num = x.new_zeros(B * (M + 1), D, dtype=torch.float32).index_add(
+        0, slot, (w.unsqueeze(-1) * x.float()).flatten(0, 1))  # (B*(M+1),D) group sums
+    den = w.new_zeros(B * (M + 1)).index_add(0, slot, w.flatten())  # (B*(M+1),) group sizes
+    den = torch.where(den > 0, den, torch.ones_like(den))  # padding rows: 0 / 1 (where keeps den's gradient)
+    pooled = (num / den.unsqueeze(-1)).view(B, M + 1, D)[:, :M]  # (B,M,D)
+    return Tokens(x=pooled.to(x.dtype), pos=tok.pos, count=tok.count, index=tok.index)
+
+
+def nawrot_dense_weights(ste: torch.Tensor, M: int, upsample: bool) -> torch.Tensor:
+    """Reference: Nawrot's dense pooling matrices (`common` + `final` in the official `utils.py`), without
+    the null group. ste (B,T) -> (B,T,M) fp32; down: pooled = einsum('btm,btd->bmd'), weights normalised
+    over each group; up: out = einsum('btm,bmd->btd'), one-hot rows normalised over m. O(B T M) memory."""
+    B, T = ste.shape
+    c = ste.float().cumsum(1)  # (B,T) inclusive count
+    c = c - ste.float() if not upsample else c - 1.0  # down: g(t) = sum_{i<t}; up: c(t) = sum_{i<=t} - 1
+    foo = torch.arange(M, device=ste.device, dtype=torch.float32) - c.unsqueeze(-1)  # (B,T,M) s - count_t
+    w = torch.where(foo == 0, 1.0 - foo, torch.zeros_like(foo))  # (B,T,M)
+    return w / (w.sum(dim=2 if upsample else 1, keepdim=True) + 1e-9)
+
+
+class DynamicPooling(BoundaryStrategy):
+    """Nawrot et al.'s dynamic token pooling as the paper ported it (baselines.md §2b).
+
+    Training: one Gumbel-sigmoid sample per byte from `noise` (tests) or `generator`. Evaluation: the same
+    hard rule with u drawn from the given generator (the evaluation's fixed seed), or u = 0.5, i.e.
+    b_t = [p_t > 0.5], with eval_boundaries = "greedy". pooling = "select" keeps select / distribute-add:
+    the predictor then learns from the prior alone (hard gathers pass no gradient to b~).
+
+    Choices where the paper and the code are open: an RMSNorm precedes the MLP (our residual stream is not
+    normalised; Nawrot's post-LN stream is); the biases start at 0 (Transformer-XL's init, p ~ 0.5 at the
+    start, the prior pulls the rate down); no LayerNorm after pooling (our token blocks are pre-norm);
+    forced positions (b_0, and b_{T-1} with force_last) and padding are excluded from both k and n of the
+    prior, which is normalised per sequence by its n rather than by T.
+    """
+
+    learns_by = "straight_through"
+
+    def __init__(self, cfg: BoundaryConfig, dim: int):
+        super().__init__()
+        if not 0 < cfg.target_rate < 1:
+            raise ValueError(f"target_rate must be in (0, 1), got {cfg.target_rate}")
+        if cfg.gumbel_temperature <= 0:
+            raise ValueError(f"gumbel_temperature must be > 0, got {cfg.gumbel_temperature}")
+        self.cfg = cfg
+        self.norm = RMSNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, dim), nn.ReLU(), nn.Linear(dim, 1))
+        for m in self.mlp:  # ByteLM re-initialises the weights; the biases stay at 0
+            if isinstance(m, nn.Linear):
+                nn.init.zeros_(m.bias)
+
+    def propose(self, x, ids, *, noise, generator, prescribed=None):
+        cfg = self.cfg
+        B, T, _ = x.shape
+        h = x.detach() if cfg.detach_encoder else x
+        logits = self.mlp(self.norm(h)).squeeze(-1).float()  # (B,T) fp32 even under autocast
+        forced = torch.zeros(B, T, dtype=torch.bool, device=x.device)
+        forced[:, 0] = True
+        if cfg.force_last:
+            forced[:, -1] = True
+        if noise is None:
+            if not self.training and cfg.eval_boundaries == "greedy":
+                noise = torch.full((B, T), 0.5, device=x.device)  # logit(0.5) = 0: b_t = [l_t > 0] = [p_t > 0.5]
+            else:
+                noise = torch.rand(B, T, generator=generator, device=x.device)
+        mask, ste = gumbel_sigmoid_boundaries(logits, noise, cfg.gumbel_temperature, forced)
+        probs = torch.sigmoid(logits).masked_fill(forced, 1.0)  # (B,T)
+        return DynamicOutput(mask=mask, probs=probs, logits=logits.masked_fill(forced, 100.0), free=~forced,
+                             ste=ste)
+
+    def downsample(self, x: torch.Tensor, out: BoundaryOutput) -> Tokens:
+        """Mean pooling with the straight-through gradient path (default), or select (pooling = "select")."""
+        if self.cfg.pooling == "select":
+            return select(x, out.mask)
+        return mean_pool(x, out.mask, out.ste)
+
+    def upsample(self, y_tok: torch.Tensor, x: torch.Tensor, tokens: Tokens, out: BoundaryOutput) -> torch.Tensor:
+        """Byte t gets X_t + Y'_{c(t)}, c(t) = sum_{i<=t} b_i - 1. A hard gather: Nawrot's normalised one-hot
+        upsample weights equal it in the forward pass and pass zero gradient to b~ (test_dynamic.py)."""
+        return distribute_add(y_tok, x, tokens)
+
+    def losses(self, out, logp, logp_early, valid, reduce=None):
+        """The binomial prior L_B on the free (non-forced, non-padding) positions, and p's mean. The prior is
+        per sequence, so it needs no global-batch statistics (`reduce` is unused)."""
+        cfg = self.cfg
+        keep = (valid & out.free).float()  # (B,T)
+        n = keep.sum(1)  # (B,)
+        k = (out.ste * keep).sum(1)  # (B,) differentiable boundary count
+        alpha = cfg.target_rate
+        log_pmf = (torch.lgamma(n + 1) - torch.lgamma(k + 1) - torch.lgamma(n - k + 1)
+                   + k * math.log(alpha) + (n - k) * math.log1p(-alpha))  # (B,) log Binomial(k; n, alpha)
+        has = (n > 0).float()
+        prior = -(log_pmf / n.clamp(min=1) * has).sum() / has.sum().clamp(min=1)
+        p_mean = (out.probs * keep).sum() / keep.sum().clamp(min=1)
+        return {"loss/prior": cfg.prior_weight * prior, "stats/p_mean": p_mean.detach()}
