@@ -22,6 +22,9 @@ commands:
   vocab     statistics of the learned segments over a corpus
   generate  continue a prompt (batched, cached, streaming)
   train-entropy-model   train the small byte LM of the `entropy` (BLT) boundary strategy
+  show      boundary map of a text (terminal / --html / --png)
+  plot      training curves of runs (validation BPB vs FLOPs and bytes, rates, losses, throughput)
+  report    one self-contained HTML page per run
 
 examples:
   learntok train                                   # the tiny preset on this Python's stdlib sources
@@ -202,6 +205,15 @@ def cmd_train_entropy_model(argv: list[str]) -> int:
 
 COMMANDS = {"train": cmd_train, "export": cmd_export, "segment": cmd_segment, "vocab": cmd_vocab,
             "generate": cmd_generate, "train-entropy-model": cmd_train_entropy_model}
+
+
+def _register_optional_commands() -> None:
+    from learntok.viz.commands import COMMANDS as VIZ_COMMANDS
+
+    COMMANDS.update(VIZ_COMMANDS)
+
+
+_register_optional_commands()
 
 
 def main(argv: list[str] | None = None) -> int:

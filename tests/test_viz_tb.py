@@ -1,0 +1,35 @@
+"""Optional TensorBoard logging: scalars and a boundary-map image round-trip through the event files; a missing
+tensorboard package is reported with the extra to install."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+from learntok.viz.tb import TensorBoardLogger
+
+
+def test_missing_tensorboard_names_the_extra(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tensorboard", None)  # import tensorboard now raises ImportError
+    with pytest.raises(ImportError, match=r"pip install 'learntok\[tensorboard\]'"):
+        TensorBoardLogger(tmp_path)
+
+
+def test_scalars_and_boundary_image_are_written(tmp_path):
+    pytest.importorskip("tensorboard", reason="tensorboard not installed (pip install 'learntok[tensorboard]')")
+    pytest.importorskip("matplotlib")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tb = TensorBoardLogger(tmp_path)
+    rec = {"step": 3, "bytes": 768, "val/bpb": 7.5, "loss/auto": float("nan"), "note": "text", "flag": True}
+    assert tb.scalars(3, rec) == 2  # bytes and val/bpb: not step, NaN, strings or booleans
+    data = "Grüße 東京\n".encode()
+    tb.boundary_image(3, data, np.linspace(0, 1, len(data)), np.arange(len(data)) % 3 == 0)
+    tb.close()
+    acc = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"images": 0, "scalars": 0}).Reload()
+    assert sorted(acc.Tags()["scalars"]) == ["bytes", "val/bpb"]
+    assert [(e.step, e.value) for e in acc.Scalars("val/bpb")] == [(3, 7.5)]
+    (img,) = acc.Images("boundaries/map")
+    assert img.step == 3 and img.width > 100 and img.height > 20
