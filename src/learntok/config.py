@@ -182,6 +182,9 @@ class TrainConfig:
     """Steps between checkpoints (0 = only at the end). Checkpoints are written atomically."""
     progress: bool = True
     """Show a progress bar."""
+    tensorboard: bool = False
+    """Also log scalars and a boundary-map image per evaluation to RUN/tensorboard (pip install
+    'learntok[tensorboard]')."""
 
 
 def to_dict(cfg: Any) -> dict:

@@ -33,6 +33,7 @@ from learntok.data import BatchIterator, ByteSequences, describe, load_splits, v
 from learntok.display import mark_boundaries
 from learntok.distributed import AllReduceStats, Dist, RecordStats, all_reduce_sum, boundary_noise, init_distributed
 from learntok.model.lm import ByteLM
+from learntok.viz.boundary_map import preview_sample, sequence_map
 from learntok.vocab import IGNORE
 
 LN2 = math.log(2)
@@ -280,10 +281,18 @@ def train(cfg: TrainConfig, resume: bool = False, log=print) -> RunResult:
         if d.active:
             tdist.barrier()
 
+    tb = None
+    if cfg.tensorboard and d.is_main:
+        from learntok.viz.tb import TensorBoardLogger
+
+        tb = TensorBoardLogger(out_dir)
+
     def emit(rec: dict) -> None:
         if metrics is not None:
             metrics.write(json.dumps(rec) + "\n")
             metrics.flush()
+        if tb is not None and "loss/auto" in rec:
+            tb.scalars(rec["step"], rec)
 
     bar = None
     if cfg.progress and d.is_main:
@@ -361,10 +370,15 @@ def train(cfg: TrainConfig, resume: bool = False, log=print) -> RunResult:
                 if evaluate_here:
                     ev = evaluate(model, val, device)
                     emit({"step": step, "bytes": bytes_seen, "flops": flops, "time": t_pause - t_start, **ev})
-                    preview = boundary_sample(model, val_seqs_first(val), device, n_bytes=100).replace("\n", " ")
+                    seq, fl = val_seqs_first(val)
                     if d.is_main:
+                        preview = preview_sample(model, seq, fl, width=80, color=sys.stderr.isatty())
                         (bar.write if bar is not None else log)(
                             f"step {step}: val bpb {ev['val/bpb']:.4f}, rate {ev['val/rate']:.3f}  {preview}")
+                        if tb is not None:
+                            tb.scalars(step, ev)
+                            m = sequence_map(model, seq, fl, n_bytes=400)
+                            tb.boundary_image(step, m.ids, m.probs, m.mask)
                 if d.active:
                     tdist.barrier()
             if cfg.ckpt_every and step % cfg.ckpt_every == 0:
@@ -387,6 +401,8 @@ def train(cfg: TrainConfig, resume: bool = False, log=print) -> RunResult:
             bar.close()
         if metrics is not None:
             metrics.close()
+        if tb is not None:
+            tb.close()
     elapsed = time.perf_counter() - t_start
     save()
     ev, sample = {"val/bpb": float("nan"), "val/rate": float("nan")}, ""
