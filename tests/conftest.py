@@ -11,7 +11,7 @@ from learntok.config import BoundaryConfig, DataConfig, ModelConfig, TrainConfig
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
-torch.set_num_threads(min(2, torch.get_num_threads()))
+torch.set_num_threads(1)  # tiny test models: threads cost more than they give, most of all on a busy machine
 
 
 def sample_docs() -> list[bytes]:

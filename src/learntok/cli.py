@@ -17,6 +17,8 @@ USAGE = """usage: learntok COMMAND [options]
 
 commands:
   train     train a model (learntok train --help lists every option)
+  eval      evaluate a checkpoint the paper's way (held-out BPB, PIQA, HellaSwag, ARC-Easy, LAMBADA, boundary stats)
+  compare   Table 1 / Table 3 of evaluated runs (Markdown + CSV)
   export    turn a run into a shareable model directory (config.json + model.safetensors)
   segment   segment text with a model's learned boundaries
   vocab     statistics of the learned segments over a corpus
@@ -208,9 +210,11 @@ COMMANDS = {"train": cmd_train, "export": cmd_export, "segment": cmd_segment, "v
 
 
 def _register_optional_commands() -> None:
+    from learntok.evaluation.commands import cmd_compare, cmd_eval
     from learntok.viz.commands import COMMANDS as VIZ_COMMANDS
 
     COMMANDS.update(VIZ_COMMANDS)
+    COMMANDS.update({"eval": cmd_eval, "compare": cmd_compare})
 
 
 _register_optional_commands()

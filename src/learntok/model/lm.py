@@ -73,8 +73,13 @@ class ByteLM(nn.Module):
         self.head_early = copy.deepcopy(self.head)
 
     def _init(self, m: nn.Module) -> None:
-        if isinstance(m, (nn.Linear, nn.Embedding)):
+        if isinstance(m, nn.Linear):
             nn.init.normal_(m.weight, std=self.cfg.init_std)
+        elif isinstance(m, nn.Embedding):
+            # Unit-scale byte embeddings: every Gemma-2 block adds a post-normed (unit-RMS) output to the
+            # residual stream, so 0.02-scale embeddings would be drowned after one block (Gemma multiplies its
+            # embeddings by sqrt(d) for the same reason). Measured: tiny, 300 steps, val BPB 2.60 vs 2.99.
+            nn.init.normal_(m.weight, std=1.0)
 
     # -- pieces --------------------------------------------------------------------------------------------
 

@@ -1,0 +1,235 @@
+"""One evaluation of a trained model: held-out BPB, downstream tasks, boundary statistics and inference FLOPs,
+collected into the JSON-ready report that `learntok eval` prints and writes as eval.json."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from learntok.data import ByteSequences, DataError, find_split_files, iter_documents, load_splits
+from learntok.evaluation.bpb import BoundaryMode, annotator, check_mode, heldout_bpb
+from learntok.evaluation.stats import BoundaryStats
+from learntok.evaluation.tasks import TASKS, format_metric, read_task, resolve_tasks, score_task
+
+EVAL_VERSION = 1
+"""Bumped when the meaning of an eval.json field changes; `read_eval` refuses other versions."""
+
+
+@dataclass
+class EvalOptions:
+    """What `learntok eval` evaluates (its flags)."""
+
+    data: str | None = None
+    """Held-out text: any data spec `train` accepts (all its documents); None = the run's own split."""
+    split: str = "val"
+    """val | test: which split of the run's data (test: its test* files)."""
+    tasks: str = ",".join(TASKS)
+    """Comma-separated tasks, NAME or NAME=PATH; 'none' for none."""
+    task_dir: str | None = None
+    limit: int = 0
+    """Examples per task (0 = all); with it, also at most limit sequences of held-out text."""
+    mode: BoundaryMode = field(default_factory=BoundaryMode)
+    batch_size: int = 16
+    max_bytes: int = 0
+    """Held-out bytes to evaluate (0 = the whole split)."""
+    bpe_tokenizer: str | None = None
+    """tokenizer.json of a byte-level BPE to compare boundaries with."""
+    heldout: bool = True
+    progress: bool = True
+
+
+def inference_flops(model, rate: float) -> dict:
+    """Inference FLOPs per byte at a measured rate (tokens per byte-level position), the paper's accounting with
+    2 x instead of 6 x: 2 x byte-level matrix params + 2 x token-level matrix params x rate. The early-exit head
+    is a training-time term and is left out of inference."""
+    pb, pt = model.matrix_params()
+    early = sum(p.numel() for p in model.head_early.parameters() if p.dim() >= 2)
+    byte = pb - early
+    return {"per_byte": 2.0 * byte + 2.0 * pt * rate, "byte_params": byte, "token_params": pt, "rate": rate,
+            "train_per_byte": 6.0 * (pb + pt * rate)}
+
+
+def heldout_documents(cfg, data: str | None, split: str) -> tuple[str, list[bytes]]:
+    """(description, documents) of the held-out text: `data` whole, or the run's validation / test split."""
+    dc = cfg.data_cfg
+    if data is not None:
+        return data, [t for _, t in iter_documents(data, dc.text_field)]
+    if split == "test":
+        root = Path(dc.data)
+        if not root.is_dir():
+            raise ValueError(f"--split test: the run's data {dc.data!r} is not a directory with test* files; "
+                             "give --data PATH")
+        try:
+            return f"{dc.data} (test)", [t for _, t in iter_documents(str(root / "test*"), dc.text_field)]
+        except DataError as e:
+            raise ValueError(f"--split test: {dc.data} has no readable test* files ({e}); give --data PATH") from e
+    if split != "val":
+        raise ValueError(f"--split must be val or test, got {split!r}")
+    if dc.val_data is not None:
+        return dc.val_data, [t for _, t in iter_documents(dc.val_data, dc.text_field)]
+    pair = None if dc.data.startswith("hf:") or dc.data == "stdlib" else find_split_files(dc.data)
+    if pair is not None:  # read only the validation files
+        return f"{dc.data} (val)", [t for p in pair[1] for _, t in iter_documents(str(p), dc.text_field)]
+    return f"{dc.data} (val)", load_splits(dc)[1]
+
+
+def _bpe_reference(path: str) -> Callable[[bytes], np.ndarray]:
+    """Reference boundaries of a byte-level BPE tokenizer (tokenizer.json): the BPE strategy's own flags, True at
+    the first byte of every token but a text's first (the paper's right-shifted rule, App. D.1)."""
+    from tokenizers import Tokenizer
+
+    from learntok.boundaries.bpe import bpe_boundaries
+
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"--bpe-tokenizer {path}: no such file")
+    try:
+        tok = Tokenizer.from_file(path)
+    except Exception as e:  # tokenizers raises its own exception type
+        raise ValueError(f"--bpe-tokenizer {path}: not a tokenizers JSON file ({e})") from e
+    return lambda data: bpe_boundaries(tok, data)
+
+
+def evaluate_model(cfg, model, opts: EvalOptions, log: Callable[[str], None] = print) -> dict:
+    """The full report of one model (see the module docstring). `cfg` is the run's TrainConfig."""
+    t0 = time.perf_counter()
+    bm = opts.mode
+    report: dict = {"eval_version": EVAL_VERSION, "boundaries": cfg.boundary.boundaries,
+                    "policy_window": cfg.boundary.policy_window if cfg.boundary.boundaries == "learned" else None,
+                    "mode": {"mode": bm.mode, "samples": bm.draws, "seed": bm.seed,
+                             "description": check_mode(model, bm)},
+                    "limit": opts.limit, "tasks": {}, "heldout": None, "boundary_stats": None, "flops": None}
+    window = cfg.data_cfg.seq_len
+    for name, path in resolve_tasks(opts.tasks, opts.task_dir):
+        t = time.perf_counter()
+        examples = read_task(name, path, opts.limit)
+        res = score_task(model, name, examples, window, bm, batch_size=opts.batch_size, progress=opts.progress)
+        report["tasks"][name] = {"file": str(path), **res, "seconds": time.perf_counter() - t}
+        log(f"{TASKS[name].title}: BPB {format_metric(res['bpb'], res['bpb_se'])}, "
+            f"accuracy {format_metric(res['acc'], res['acc_se'])} (n={res['n']})")
+    if opts.heldout:
+        t = time.perf_counter()
+        desc, docs = heldout_documents(cfg, opts.data, opts.split)
+        dc = cfg.data_cfg
+        seqs = ByteSequences(docs, dc.seq_len, dc.pack, name=f"held-out data {desc}", annotate=annotator(model))
+        refs = {}
+        if opts.bpe_tokenizer:
+            refs["bpe"] = ByteSequences(docs, dc.seq_len, dc.pack, name="bpe reference",
+                                        annotate=_bpe_reference(opts.bpe_tokenizer))
+        del docs
+        max_bytes = opts.max_bytes if not opts.limit else min(opts.max_bytes or 1 << 62, opts.limit * dc.seq_len)
+        stats = BoundaryStats()
+        res = heldout_bpb(model, seqs, bm, batch_size=opts.batch_size, max_bytes=max_bytes, references=refs,
+                          progress=opts.progress, stats=stats)
+        report["heldout"] = {"data": desc, "split": opts.split if opts.data is None else None, **res,
+                             "seconds": time.perf_counter() - t}
+        report["boundary_stats"] = stats.result()
+        report["flops"] = inference_flops(model, report["boundary_stats"]["rate"])
+        log(f"held-out BPB {format_metric(res['bpb'], res['bpb_se'], 4)} on {res['bytes']:,} bytes")
+    report["seconds"] = time.perf_counter() - t0
+    report["threads"] = torch.get_num_threads()
+    return report
+
+
+def _clean(x):
+    """Non-finite floats (an undefined precision, say) become null: eval.json stays standard JSON."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    return x
+
+
+def write_eval(path: str | Path, report: dict) -> Path:
+    """Write eval.json atomically (NaN / inf as null)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(_clean(report), indent=2, allow_nan=False) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def read_eval(path: str | Path) -> dict:
+    """Read an eval.json written by `write_eval`; ValueError for another version or a malformed file."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file (run `learntok eval` first)")
+    try:
+        report = json.loads(path.read_text())
+    except ValueError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from e
+    if not isinstance(report, dict) or report.get("eval_version") != EVAL_VERSION:
+        found = report.get("eval_version") if isinstance(report, dict) else None
+        raise ValueError(f"{path}: eval.json version {found} is not supported (this learntok writes {EVAL_VERSION})")
+    return report
+
+
+def _f(x, spec: str = ".3f") -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def _bar(frac: float, width: int = 20) -> str:
+    return "#" * round(frac * width)
+
+
+def format_report(report: dict, title: str = "") -> str:
+    """A readable table of a report."""
+    lines = [title] if title else []
+    lines.append(f"boundaries: {report['mode']['description']}")
+    if report.get("limit"):
+        lines.append(f"(--limit {report['limit']}: a quick look, not the full evaluation)")
+    if report["tasks"]:
+        lines += ["", f"{'task':<11} {'n':>6}  {'BPB of gold':<17} {'accuracy':<17} chance"]
+        for name, r in report["tasks"].items():
+            lines.append(f"{TASKS[name].title:<11} {r['n']:>6}  {format_metric(r['bpb'], r['bpb_se']):<17} "
+                         f"{format_metric(r['acc'], r['acc_se']):<17} {r['chance']:.3f}")
+        if "lambada" in report["tasks"]:
+            r = report["tasks"]["lambada"]
+            lines.append(f"LAMBADA accuracy = exact match of the greedy final word; greedy bytes without the "
+                         f"word-end check: {format_metric(r['greedy_prefix'], r['greedy_prefix_se'])}")
+    h = report.get("heldout")
+    if h:
+        lines += ["", f"held-out BPB {format_metric(h['bpb'], h['bpb_se'], 4)}  ({h['data']}: {h['bytes']:,} bytes "
+                      f"in {h['sequences']} sequences of {h['seq_len']})"]
+        if "bpb_mean_over_samples" in h:
+            lines.append(f"  mean of the per-sample BPBs: {h['bpb_mean_over_samples']:.4f}")
+    s = report.get("boundary_stats")
+    if s:
+        q = s["bytes_per_token_p10_p50_p90"]
+        lines += ["", "boundaries on held-out text",
+                  f"  rate {s['rate']:.4f} tokens per position, {_f(s['bytes_per_token'], '.2f')} bytes per "
+                  f"token (p10/p50/p90: {q[0]}/{q[1]}/{q[2]})"]
+        if s["neg_log_pi"] is not None:
+            lines.append(f"  mean -log pi(a_t | a_<t) {_f(s['neg_log_pi'], '.4f')} nats, policy entropy "
+                         f"{_f(s['policy_entropy'], '.4f')} nats per decision")
+        else:
+            lines.append("  mean -log pi(a_t | a_<t): n/a (the strategy has no policy)")
+        for name, a in s["agreement"].items():
+            lines.append(f"  vs {name:<10} precision {_f(a['precision'])} recall {_f(a['recall'])} F1 {_f(a['f1'])} "
+                         f"(chance F1 {_f(a['f1_chance'])}; reference rate {_f(a['reference_rate'])})")
+        hist = np.asarray(s["bytes_per_token_hist"], dtype=float)
+        total = hist.sum() or 1.0
+        lines.append("  bytes per token:")
+        for k in range(min(12, len(hist))):
+            lines.append(f"    {k + 1:>3} {hist[k] / total:6.1%} {_bar(hist[k] / total)}")
+        lines.append(f"    >12 {hist[12:].sum() / total:6.1%} {_bar(hist[12:].sum() / total)}")
+    f = report.get("flops")
+    if f:
+        lines += ["", f"inference FLOPs per byte {f['per_byte']:.4g} = 2 x {f['byte_params']:,} byte-level + "
+                      f"2 x {f['token_params']:,} token-level x rate {f['rate']:.4f}"]
+    lines.append(f"\n{report['seconds']:.1f} s on {report['threads']} thread(s)")
+    return "\n".join(lines)
+
+
+__all__ = ["EVAL_VERSION", "EvalOptions", "evaluate_model", "format_report", "heldout_documents", "inference_flops",
+           "read_eval", "write_eval"]

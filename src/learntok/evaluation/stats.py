@@ -1,0 +1,134 @@
+"""Statistics of an evaluation: means with standard errors, and boundary statistics on held-out text.
+
+Standard errors are over independent units (held-out sequences, task examples): SE = s / sqrt(n) with the
+sample standard deviation s (ddof = 1). A pooled ratio such as held-out BPB = sum(nll) / (ln 2 * sum(bytes))
+gets the delta-method SE of a ratio estimator, which equals s / sqrt(n) of the per-sequence BPB when every
+sequence has the same number of bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from learntok.boundaries.whitespace import spacebyte_boundaries
+
+HIST_CAP = 64
+"""Token lengths (bytes per token) of HIST_CAP or more share the last histogram bucket."""
+
+
+def mean_se(values: Sequence[float] | np.ndarray) -> dict:
+    """{"mean", "se", "n"} of independent values; se is s / sqrt(n) (ddof = 1), 0 for fewer than 2 values."""
+    v = np.asarray(values, dtype=np.float64)
+    n = int(v.size)
+    if n == 0:
+        return {"mean": float("nan"), "se": float("nan"), "n": 0}
+    se = float(v.std(ddof=1) / math.sqrt(n)) if n > 1 else 0.0
+    return {"mean": float(v.mean()), "se": se, "n": n}
+
+
+def ratio_se(num: Sequence[float] | np.ndarray, den: Sequence[float] | np.ndarray) -> dict:
+    """{"mean", "se", "n"} of R = sum(num) / sum(den) over n units, with the delta-method standard error
+    SE(R) = sqrt(sum((num_i - R den_i)^2) / (n (n - 1))) / mean(den)."""
+    a, b = np.asarray(num, dtype=np.float64), np.asarray(den, dtype=np.float64)
+    n = int(a.size)
+    if n == 0 or b.sum() <= 0:
+        return {"mean": float("nan"), "se": float("nan"), "n": n}
+    r = a.sum() / b.sum()
+    se = float(math.sqrt(((a - r * b) ** 2).sum() / (n * (n - 1))) / b.mean()) if n > 1 else 0.0
+    return {"mean": float(r), "se": se, "n": n}
+
+
+def prf(tp: int, fp: int, fn: int) -> dict:
+    """Precision, recall and F1 of boundary decisions from counts (nan where undefined)."""
+    p = tp / (tp + fp) if tp + fp else float("nan")
+    r = tp / (tp + fn) if tp + fn else float("nan")
+    f1 = 2 * tp / (2 * tp + fp + fn) if tp + fp + fn else float("nan")
+    return {"precision": p, "recall": r, "f1": f1, "tp": tp, "fp": fp, "fn": fn}
+
+
+def token_lengths(mask: torch.Tensor) -> torch.Tensor:
+    """Bytes per token of every complete token in `mask` (B,T) bool: a_t = 1 ends a token at t, so token lengths
+    are the distances between consecutive boundaries. The BOS token (position 0) and the unfinished token after a
+    row's last boundary are not counted. Returns a flat long tensor."""
+    B, T = mask.shape
+    t = torch.arange(T, device=mask.device).expand(B, T)
+    last = torch.where(mask, t, torch.full_like(t, -1)).cummax(1).values  # (B,T) latest boundary at or before t
+    prev = torch.nn.functional.pad(last[:, :-1], (1, 0), value=-1)  # (B,T) latest boundary strictly before t
+    keep = mask & (prev >= 0)
+    return (t - prev)[keep]
+
+
+class BoundaryStats:
+    """Accumulates boundary statistics over batches of held-out sequences.
+
+    Counted positions: every input position (BOS and EOS included) for the rate, since each is a byte-level
+    position that may form a token (this is the rate that enters the FLOPs); agreement with reference
+    boundaries is over byte positions only (ids < 256: BOS is forced and EOS separators are not text)."""
+
+    def __init__(self) -> None:
+        self.n_pos = self.n_bound = 0
+        self.nlp_sum = self.ent_sum = 0.0
+        self.n_free = self.len_sum = 0
+        self.has_policy = False
+        self.hist = np.zeros(HIST_CAP + 1, dtype=np.int64)  # hist[k] = tokens of k bytes (k = HIST_CAP: >=)
+        self.counts: dict[str, list[int]] = {}  # reference -> [tp, fp, fn, n_ref_boundaries, n_bytes]
+
+    def add(self, ids: torch.Tensor, out, references: dict[str, torch.Tensor] | None = None) -> None:
+        """ids (B,T) model inputs; out the BoundaryOutput; references name -> (B,T) bool boundaries."""
+        mask = out.mask.bool()  # (B,T)
+        self.n_pos += mask.numel()
+        self.n_bound += int(mask.sum())
+        lengths = token_lengths(mask)
+        self.len_sum += int(lengths.sum())
+        self.hist += np.bincount(lengths.clamp(max=HIST_CAP).cpu().numpy(), minlength=HIST_CAP + 1)
+        if out.log_prob is not None:
+            self.has_policy = True
+            free = out.free if out.free is not None else torch.ones_like(mask)
+            lp = out.log_prob.detach().double()
+            self.nlp_sum += float(-torch.where(free, lp, 0.0).sum())
+            p = out.probs.detach().double().clamp(1e-12, 1 - 1e-12)  # Bernoulli entropy of each free decision
+            ent = -(p * p.log() + (1 - p) * (1 - p).log())
+            self.ent_sum += float(torch.where(free, ent, 0.0).sum())
+            self.n_free += int(free.sum())
+        byte = ids < 256  # (B,T)
+        refs = {"whitespace": spacebyte_boundaries(ids), **(references or {})}
+        for name, ref in refs.items():
+            ref = ref.bool() & byte
+            pred = mask & byte
+            c = self.counts.setdefault(name, [0, 0, 0, 0, 0])
+            c[0] += int((pred & ref).sum())
+            c[1] += int((pred & ~ref).sum())
+            c[2] += int((~pred & ref).sum())
+            c[3] += int(ref.sum())
+            c[4] += int(byte.sum())
+
+    def result(self) -> dict:
+        """JSON-ready statistics; policy terms are None for strategies without a policy."""
+        rate = self.n_bound / max(self.n_pos, 1)
+        n_tok = int(self.hist.sum())
+        cum = np.cumsum(self.hist)
+
+        def quantile(q: float) -> int | None:
+            return int(np.searchsorted(cum, q * n_tok)) if n_tok else None
+
+        agree = {}
+        for name, (tp, fp, fn, n_ref, n_bytes) in self.counts.items():
+            q = n_ref / max(n_bytes, 1)  # the reference's own rate over byte positions
+            r_model = (tp + fp) / max(n_bytes, 1)
+            chance = 2 * q * r_model / (q + r_model) if q + r_model > 0 else float("nan")
+            agree[name] = {**prf(tp, fp, fn), "reference_rate": q, "f1_chance": chance}
+        return {
+            "rate": rate,
+            "positions": self.n_pos,
+            "neg_log_pi": self.nlp_sum / self.n_free if self.has_policy and self.n_free else None,
+            "policy_entropy": self.ent_sum / self.n_free if self.has_policy and self.n_free else None,
+            "bytes_per_token": self.len_sum / n_tok if n_tok else None,
+            "bytes_per_token_p10_p50_p90": [quantile(0.1), quantile(0.5), quantile(0.9)],
+            "bytes_per_token_hist": self.hist[1:].tolist(),
+            "agreement": agree,
+        }
+

@@ -1,0 +1,175 @@
+"""`learntok eval` and `learntok compare` end to end on 2-step runs: eval.json round trip, the printed table,
+boundary modes, error messages, and the compare tables with the best per column marked."""
+
+from __future__ import annotations
+
+import copy
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from learntok.config import BoundaryConfig
+from learntok.evaluation.commands import cmd_compare, cmd_eval
+from learntok.evaluation.compare import compare
+from learntok.evaluation.report import EVAL_VERSION, read_eval, write_eval
+from learntok.train import train
+
+from .conftest import SHARED_DATA, tiny_train_config
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """These models are tiny: one thread avoids OpenMP oversubscription on a shared 2-core machine (there,
+    two threads ran these tests over 10x slower). Restored afterwards."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    """train/valid/test text files (real text: PyTorch's own source)."""
+    d = tmp_path_factory.mktemp("evalcorpus")
+    lines = Path(torch.__file__).read_text(encoding="utf-8").splitlines()
+    for split, (a, b) in {"train": (0, 1200), "valid": (1200, 1400), "test": (1400, 1600)}.items():
+        (d / split).mkdir()
+        for i in range(a, b, 100):
+            (d / split / f"{i}.txt").write_text("\n".join(lines[i:i + 100]) + "\n")
+    return d
+
+
+@pytest.fixture(scope="module")
+def runs(corpus, tmp_path_factory) -> dict[str, Path]:
+    out = {}
+    for name in ("learned", "whitespace"):
+        cfg = tiny_train_config(tmp_path_factory.mktemp("runs") / name, corpus, max_steps=2,
+                                boundary=BoundaryConfig(boundaries=name))
+        train(cfg, log=lambda s: None)
+        out[name] = Path(cfg.out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def task_dir(tmp_path_factory) -> Path:
+    """The shipped task files if present, else tiny stand-ins in the same formats."""
+    if (SHARED_DATA / "eval").is_dir():
+        return SHARED_DATA / "eval"
+    d = tmp_path_factory.mktemp("tasks")
+    mc = json.dumps({"query": "Question: 2+2?\nAnswer:", "choices": ["4", "5", "22"], "gold": 0})
+    for name in ("piqa_validation", "hellaswag_validation", "arc_easy_test"):
+        (d / f"{name}.jsonl").write_text((mc + "\n") * 4)
+    (d / "lambada_openai_test.jsonl").write_text(json.dumps({"context": "a b c", "continuation": " d"}) + "\n")
+    return d
+
+
+def test_eval_writes_report_and_prints_table(runs, task_dir, capsys):
+    run = runs["learned"]
+    assert cmd_eval([str(run), "--limit", "3", "--task-dir", str(task_dir), "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    rep = read_eval(run / "eval.json")
+    assert rep["eval_version"] == EVAL_VERSION and rep["limit"] == 3 and rep["boundaries"] == "learned"
+    assert set(rep["tasks"]) == {"piqa", "hellaswag", "arc_easy", "lambada"}
+    assert all(r["n"] <= 3 for r in rep["tasks"].values())
+    h = rep["heldout"]
+    assert h["sequences"] == 3 and h["split"] == "val" and 0 < h["bpb"] < 9 and h["bpb_se"] > 0
+    s = rep["boundary_stats"]
+    assert 0 < s["rate"] < 1 and s["neg_log_pi"] > 0 and "whitespace" in s["agreement"]
+    assert rep["flops"]["per_byte"] > 0 and rep["checkpoint"].endswith("step_000002")
+    for text in ("one boundary sample per text, seed 1234", "PIQA", "held-out BPB", "vs whitespace",
+                 "inference FLOPs per byte", str(run / "eval.json")):
+        assert text in printed
+
+
+def test_eval_round_trip_and_version_check(runs, tmp_path):
+    rep = {"eval_version": EVAL_VERSION, "tasks": {}, "x": [1.5, None], "nan": float("nan")}
+    path = write_eval(tmp_path / "e.json", rep)
+    back = read_eval(path)
+    assert back == {**rep, "nan": None}  # non-finite numbers are written as null (standard JSON)
+    (tmp_path / "old.json").write_text(json.dumps({"eval_version": 0}))
+    with pytest.raises(ValueError, match="version 0 is not supported"):
+        read_eval(tmp_path / "old.json")
+    with pytest.raises(FileNotFoundError, match="run `learntok eval` first"):
+        read_eval(tmp_path / "missing.json")
+
+
+def test_eval_modes_splits_and_data(runs, corpus, tmp_path, capsys):
+    run = runs["learned"]
+    base = [str(run), "--tasks", "none", "--max-bytes", str(64 * 3), "--no-progress"]
+    assert cmd_eval(base + ["--boundaries-mode", "greedy", "--out", str(tmp_path / "g.json")]) == 0
+    assert "greedy boundaries (p > 0.5)" in read_eval(tmp_path / "g.json")["mode"]["description"]
+    assert cmd_eval(base + ["--boundaries-mode", "average", "--samples", "2", "--out", str(tmp_path / "a.json")]) == 0
+    a = read_eval(tmp_path / "a.json")
+    assert a["mode"]["samples"] == 2 and a["heldout"]["bpb"] <= a["heldout"]["bpb_mean_over_samples"]
+    assert cmd_eval(base + ["--split", "test", "--out", str(tmp_path / "t.json")]) == 0
+    assert read_eval(tmp_path / "t.json")["heldout"]["data"].endswith("(test)")
+    assert cmd_eval(base + ["--data", str(corpus / "train"), "--out", str(tmp_path / "d.json")]) == 0
+    assert read_eval(tmp_path / "d.json")["heldout"]["data"] == str(corpus / "train")
+    # A checkpoint directory works too, and whitespace boundaries print as prescribed.
+    ckpt = next(runs["whitespace"].glob("step_*"))
+    assert cmd_eval([str(ckpt), "--tasks", "none", "--limit", "2", "--no-progress",
+                     "--out", str(tmp_path / "w.json")]) == 0
+    w = read_eval(tmp_path / "w.json")
+    assert w["boundary_stats"]["agreement"]["whitespace"]["f1"] == 1.0 and "prescribed" in w["mode"]["description"]
+    capsys.readouterr()
+
+
+def test_eval_errors(runs, tmp_path):
+    run = str(runs["learned"])
+    with pytest.raises(FileNotFoundError, match="not a learntok run"):
+        cmd_eval([str(tmp_path), "--no-progress"])
+    with pytest.raises(ValueError, match="unknown task 'squad'"):
+        cmd_eval([run, "--tasks", "squad", "--no-progress"])
+    with pytest.raises(ValueError, match="invalid choice: 'best'"):
+        cmd_eval([run, "--boundaries-mode", "best"])
+    with pytest.raises(ValueError, match="--samples must be"):
+        cmd_eval([run, "--boundaries-mode", "average", "--samples", "1", "--tasks", "none"])
+    with pytest.raises(FileNotFoundError, match="--bpe-tokenizer .*no such file"):
+        cmd_eval([run, "--tasks", "none", "--bpe-tokenizer", str(tmp_path / "nope.json"), "--limit", "1",
+                  "--no-progress"])
+
+
+def _variant(run: Path, dest: Path, **changes) -> Path:
+    """A copy of an evaluated run with some numbers changed."""
+    dest.mkdir()
+    (dest / "config.json").write_text((run / "config.json").read_text())
+    rep = copy.deepcopy(read_eval(run / "eval.json"))
+    for path, value in changes.items():
+        node = rep
+        *keys, last = path.split("__")
+        for k in keys:
+            node = node[k]
+        node[last] = value
+    write_eval(dest / "eval.json", rep)
+    return dest
+
+
+def test_compare_writes_tables_and_marks_the_best(runs, task_dir, tmp_path, capsys):
+    a = runs["learned"]
+    if not (a / "eval.json").exists():
+        cmd_eval([str(a), "--limit", "3", "--task-dir", str(task_dir), "--no-progress"])
+    b = _variant(a, tmp_path / "runB", tasks__piqa__bpb=0.5, tasks__piqa__acc=0.0, heldout__bpb=99.0)
+    c = _variant(a, tmp_path / "runC", tasks__piqa__bpb=0.5, tasks__piqa__acc=0.0, heldout__bpb=99.0)
+    assert cmd_compare([str(a), str(b), str(c), "--out", str(tmp_path / "cmp")]) == 0
+    md = (tmp_path / "cmp" / "comparison.md").read_text()
+    assert md == capsys.readouterr().out.split("written:")[0].rstrip("\n") + "\n"
+    row_a = next(ln for ln in md.splitlines() if ln.startswith(f"| {a.name} |"))
+    row_b = next(ln for ln in md.splitlines() if ln.startswith("| runB |"))
+    cells_a, cells_b = row_a.split("|")[3:-1], row_b.split("|")[3:-1]
+    assert "**0.500" in cells_b[0] and "**" not in cells_a[0]  # PIQA BPB: lower is better; ties (B, C) both bold
+    assert "**" in cells_a[4] and "**" not in cells_b[4]  # held-out BPB
+    assert "**" in cells_a[5] and "**" not in cells_b[5]  # PIQA accuracy: higher is better
+    assert "learned (w=8)" in row_a and "Table 3" in md and md.count("| runB |") == 2  # one row in each table
+    with open(tmp_path / "cmp" / "table1.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["run"] for r in rows] == [a.name, "runB", "runC"] and float(rows[1]["piqa_bpb"]) == 0.5
+    assert "piqa_bpb" in rows[1]["best_in"].split(";") and "heldout_bpb" in rows[0]["best_in"].split(";")
+    with open(tmp_path / "cmp" / "table3.csv") as f:
+        t3 = list(csv.DictReader(f))
+    assert float(t3[0]["rate"]) == pytest.approx(read_eval(a / "eval.json")["boundary_stats"]["rate"])
+    assert "--limit" in md  # partial evaluations are flagged
+    with pytest.raises(FileNotFoundError, match="run `learntok eval` first"):
+        compare([tmp_path / "cmp"], tmp_path / "x")
