@@ -81,6 +81,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds (median reported)")
     ap.add_argument("--steps", type=int, default=4, help="timed steps per round and runner")
     ap.add_argument("--compile", action="store_true", help="torch.compile the model (warm-up not timed)")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed steps per runner (use ~8 with --compile)")
     args = ap.parse_args()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, compile={args.compile}")
     print(f"{'config':18s} {'strategy':9s} {'bytes/s':>9s} {'vs authors':>10s} {'learned/uniform':>16s} "
@@ -89,7 +90,7 @@ def main() -> None:
         mcfg, B, T = CONFIGS[name]
         runners = {s: Runner(mcfg, s, B, T, args.compile) for s in ("learned", "uniform")}
         for r in runners.values():  # warm-up (and compilation) outside the timing
-            for _ in range(2):
+            for _ in range(args.warmup):
                 r.step()
         times = {s: [] for s in runners}
         sample = []

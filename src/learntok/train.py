@@ -340,7 +340,7 @@ def train(cfg: TrainConfig, resume: bool = False, log=print) -> RunResult:
                 acc["boundary/rate"] += float(out.boundaries.mask.float().mean()) / accum
                 acc["boundary/max_tokens"] = max(acc["boundary/max_tokens"], float(out.n_tokens.max()))
                 for k, v in out.boundaries.stats.items():
-                    acc[k] += v / accum
+                    acc[k] += float(v) / accum
             gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else 1e30)
             opt.step()
             opt.zero_grad(set_to_none=True)

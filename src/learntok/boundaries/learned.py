@@ -67,7 +67,7 @@ class LearnedBoundaries(BoundaryStrategy):
         af = mask.float()
         log_prob = af * nn.functional.logsigmoid(logits) + (1 - af) * nn.functional.logsigmoid(-logits)
         return BoundaryOutput(mask=mask, probs=torch.sigmoid(logits), logits=logits, log_prob=log_prob,
-                              free=~forced, stats={"boundary/sample_rounds": float(rounds)})
+                              free=~forced, stats={"boundary/sample_rounds": rounds})
 
     has_step = True
 

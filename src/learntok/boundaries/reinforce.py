@@ -34,6 +34,7 @@ def window_logits(base: torch.Tensor, coef: torch.Tensor, a: torch.Tensor) -> to
     return base + (previous_boundaries(a, coef.shape[-1]) * coef).sum(-1)
 
 
+@torch.compiler.disable  # a data-dependent loop: run it eagerly inside a compiled model
 @torch.no_grad()
 def sample_window_policy(base: torch.Tensor, coef: torch.Tensor, u: torch.Tensor, forced: torch.Tensor,
                          cap: float) -> tuple[torch.Tensor, int]:
@@ -43,17 +44,18 @@ def sample_window_policy(base: torch.Tensor, coef: torch.Tensor, u: torch.Tensor
     fixed point: the sequentially sampled sequence. Jacobi iteration a <- F(a) reaches it, and once F(a)
     equals a we have it exactly. Iteration k fixes at least the first k positions, so it stops after at most
     T + 1 rounds; in practice the policy's dependence on earlier boundaries is small (1/D scaling) and a few
-    rounds suffice. Returns (a bool (B,T), rounds used).
+    rounds suffice. Returns (a bool (B,T), rounds used as a 0-dim tensor: a compiled caller then does not
+    specialise on its value).
     """
     a = forced | (u < torch.sigmoid(softcap(base, cap)))
-    if coef.shape[-1] == 0:
-        return a, 1
-    for rounds in range(2, a.shape[1] + 2):
+    rounds = 1
+    while coef.shape[-1] > 0 and rounds <= a.shape[1]:
+        rounds += 1
         new = forced | (u < torch.sigmoid(softcap(window_logits(base, coef, a), cap)))
         if torch.equal(new, a):
-            return a, rounds
+            break
         a = new
-    return a, rounds
+    return a, torch.tensor(float(rounds))
 
 
 @torch.no_grad()
