@@ -166,3 +166,18 @@ def test_load_run_restores_the_trained_model(tmp_path, text_corpus):
     assert cfg.max_steps == 2 and not model.training
     with pytest.raises(FileNotFoundError, match="not a learntok run"):
         load_run(tmp_path)
+
+
+def test_existing_run_is_never_silently_overwritten(tmp_path, text_corpus, capsys):
+    cfg = tiny_train_config(tmp_path / "r", text_corpus, max_steps=1)
+    train(cfg, log=lambda *_: None)
+    with pytest.raises(ValueError, match="already holds a run"):
+        train(cfg, log=lambda *_: None)
+    train(replace(cfg, overwrite=True), log=lambda *_: None)
+    assert len(_losses(tmp_path / "r")) == 1
+    # the command line picks a fresh directory instead
+    args = ["train", "--out", str(tmp_path / "r"), "--data", str(text_corpus), "--max-steps", "1", "--seq-len", "64",
+            "--batch-size", "2", "--d-model", "32", "--no-progress", "--val-bytes", "128"]
+    assert main(args) == 0
+    assert "writing to" in capsys.readouterr().err
+    assert (tmp_path / "r-2" / "metrics.jsonl").exists()

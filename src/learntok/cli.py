@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -75,7 +76,18 @@ def cmd_train(argv: list[str]) -> int:
     from learntok.train import train
 
     cfg = parse_train_args(argv)
+    out = Path(cfg.out)
+    if not cfg.resume and not cfg.overwrite and (out / "metrics.jsonl").exists():
+        n = 2
+        while (out.parent / f"{out.name}-{n}" / "metrics.jsonl").exists():
+            n += 1
+        fresh = out.parent / f"{out.name}-{n}"
+        print(f"{out} already holds a run; writing to {fresh} (continue the old one with --resume {out}, "
+              "replace it with --overwrite)", file=sys.stderr)
+        cfg = replace(cfg, out=str(fresh))
     result = train(cfg, resume=bool(cfg.resume))
+    if int(os.environ.get("RANK", "0")) != 0:  # under torchrun only rank 0 reports
+        return 0
     print(f"\ndone: {result.steps} steps, {result.bytes_seen / 1e6:.2f} MB in {result.seconds:.0f} s "
           f"({result.bytes_per_s / 1e3:.1f} kB/s)")
     print(f"validation bits per byte: {result.val_bpb:.4f}")

@@ -136,6 +136,8 @@ class TrainConfig:
     """Preset to start from: tiny, small, paper-147m, paper-90m-code, paper-aspect-N (other flags override)."""
     resume: str = ""
     """Resume the run in this directory from its latest checkpoint (its config.json; other flags override)."""
+    overwrite: bool = False
+    """Replace an existing run in --out (default: the command line picks a fresh OUT-2, OUT-3, ...)."""
     out: str = "runs/tiny"
     """Run directory: config.json, metrics.jsonl, checkpoints."""
     batch_size: int = 8

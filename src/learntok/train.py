@@ -14,6 +14,7 @@ import json
 import math
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -238,6 +239,15 @@ def train(cfg: TrainConfig, resume: bool = False, log=print) -> RunResult:
     val = val_batches_with_flags(val_seqs, micro, dc.val_bytes)
     batches = BatchIterator(train_seqs, per_rank, cfg.seed, rank=d.rank, world_size=d.world)
     step, bytes_seen, tokens_seen, flops, elapsed = 0, 0, 0, 0.0, 0.0
+    if not resume and (out_dir / "metrics.jsonl").exists():
+        if not cfg.overwrite:
+            raise ValueError(f"{out_dir} already holds a run; continue it with --resume {out_dir}, replace it with "
+                             "--overwrite, or choose another --out")
+        if d.is_main:
+            for p in [*out_dir.glob("step_*"), out_dir / "latest", out_dir / "metrics.jsonl"]:
+                shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
+        if d.active:
+            tdist.barrier()
     ckpt = latest_checkpoint(out_dir) if resume else None
     if resume and ckpt is None:
         raise ValueError(f"--resume {out_dir}: no complete checkpoint found there")
