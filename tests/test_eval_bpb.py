@@ -23,17 +23,6 @@ from learntok.vocab import IGNORE, VOCAB_SIZE
 
 from .conftest import build_model, sample_docs
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """These models are tiny: one thread avoids OpenMP oversubscription on a shared 2-core machine (there,
-    two threads ran these tests over 10x slower). Restored afterwards."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 STRATEGIES = ["learned", "uniform", "uniform-random", "whitespace"]
 PAIRS = [(b"def forward(self, x):\n    return", b" x + 1"), (b"", b"import torch"), (b"a", b"b"),
          (b"The quick brown fox jumps over the lazy dog. " * 2, b" Again."), (b"x = [", b"1, 2, 3]\n")]

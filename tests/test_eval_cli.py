@@ -20,16 +20,6 @@ from learntok.train import train
 from .conftest import SHARED_DATA, tiny_train_config
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """These models are tiny: one thread avoids OpenMP oversubscription on a shared 2-core machine (there,
-    two threads ran these tests over 10x slower). Restored afterwards."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
     """train/valid/test text files (real text: PyTorch's own source)."""

@@ -7,7 +7,6 @@ import json
 import math
 
 import pytest
-import torch
 
 pytest.importorskip("lm_eval", reason="lm-eval is not installed (optional extra: pip install 'learntok[eval]')")
 
@@ -19,17 +18,6 @@ from learntok.evaluation.harness import LearntokLM, text_key  # noqa: E402
 
 from .conftest import build_model, tiny_model  # noqa: E402
 from .test_eval_bpb import patch_logits, successor_logits, uniform_logits  # noqa: E402
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """These models are tiny: one thread avoids OpenMP oversubscription on a shared 2-core machine (there,
-    two threads ran these tests over 10x slower). Restored afterwards."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
 
 CFG = TrainConfig(model=tiny_model(), boundary=BoundaryConfig(policy_window=3), data_cfg=DataConfig(seq_len=64))
 

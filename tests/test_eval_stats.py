@@ -17,16 +17,6 @@ from learntok.evaluation.stats import BoundaryStats, mean_se, prf, ratio_se, tok
 from .conftest import build_model, sample_docs
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """These models are tiny: one thread avoids OpenMP oversubscription on a shared 2-core machine (there,
-    two threads ran these tests over 10x slower). Restored afterwards."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 def test_mean_se_and_ratio_se():
     v = [1.0, 2.0, 4.0, 7.0]
     m = mean_se(v)

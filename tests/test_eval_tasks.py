@@ -9,7 +9,6 @@ import math
 from pathlib import Path
 
 import pytest
-import torch
 
 from learntok.data import DataError
 from learntok.evaluation.bpb import BoundaryMode, score_pairs
@@ -17,17 +16,6 @@ from learntok.evaluation.tasks import TASKS, read_task, resolve_tasks, score_tas
 
 from .conftest import SHARED_DATA, build_model
 from .test_eval_bpb import patch_logits, successor_logits
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """These models are tiny: one thread avoids OpenMP oversubscription on a shared 2-core machine (there,
-    two threads ran these tests over 10x slower). Restored afterwards."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
 
 EVAL_DIR = SHARED_DATA / "eval"
 needs_shared = pytest.mark.skipif(not EVAL_DIR.is_dir(), reason=f"shared evaluation data not found at {EVAL_DIR}")

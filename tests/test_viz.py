@@ -28,13 +28,6 @@ VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "met
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """These models are tiny: one intra-op thread is faster, and much faster on a shared, loaded machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 class Page(HTMLParser):

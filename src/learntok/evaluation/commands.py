@@ -10,6 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from learntok.argtypes import Parser, non_negative_int
 from learntok.evaluation.tasks import TASKS
 
 EVAL_EPILOG = """examples:
@@ -21,27 +22,10 @@ EVAL_EPILOG = """examples:
 """
 
 
-def _positive(name: str):
-    def parse(s: str) -> int:
-        try:
-            v = int(s)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {s!r}") from None
-        if v < 0:
-            raise argparse.ArgumentTypeError(f"{name} must be non-negative, got {v}")
-        return v
-    return parse
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse that raises ValueError (one line, printed by the CLI) instead of exiting."""
-
-    def error(self, message: str):
-        raise ValueError(f"{self.prog}: {message}")
 
 
 def eval_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="learntok eval", epilog=EVAL_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = Parser(prog="learntok eval", epilog=EVAL_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
                 description="Evaluate a trained learntok model the paper's way: downstream tasks (bits per byte "
                             "of the gold continuation, accuracy), held-out bits per byte, boundary statistics and "
                             "inference FLOPs per byte.")
@@ -55,22 +39,22 @@ def eval_parser() -> argparse.ArgumentParser:
                         "'none' skips them (default: all four)")
     p.add_argument("--task-dir", default=None, help="directory of the task files (default: $LEARNTOK_EVAL_DIR or "
                    "shared/data/eval beside the repository)")
-    p.add_argument("--limit", type=_positive("--limit"), default=0,
+    p.add_argument("--limit", type=non_negative_int("--limit"), default=0,
                    help="examples per task and held-out sequences, for a quick look (0 = all)")
     p.add_argument("--no-heldout", action="store_true", help="skip held-out BPB and boundary statistics")
     p.add_argument("--boundaries-mode", choices=("sample", "greedy", "average"), default="sample",
                    help="boundaries at evaluation: one sample with --seed (the paper), greedy (p > 0.5), or "
                         "--samples draws averaged in probability space")
-    p.add_argument("--samples", type=_positive("--samples"), default=4, help="k for --boundaries-mode average")
-    p.add_argument("--seed", type=_positive("--seed"), default=1234, help="seed of the boundary noise")
-    p.add_argument("--batch-size", type=_positive("--batch-size"), default=16, help="rows per forward pass")
-    p.add_argument("--max-bytes", type=_positive("--max-bytes"), default=0,
+    p.add_argument("--samples", type=non_negative_int("--samples"), default=4, help="k for --boundaries-mode average")
+    p.add_argument("--seed", type=non_negative_int("--seed"), default=1234, help="seed of the boundary noise")
+    p.add_argument("--batch-size", type=non_negative_int("--batch-size"), default=16, help="rows per forward pass")
+    p.add_argument("--max-bytes", type=non_negative_int("--max-bytes"), default=0,
                    help="held-out bytes to evaluate (0 = the whole split)")
     p.add_argument("--bpe-tokenizer", default=None,
                    help="tokenizer.json of a byte-level BPE: also compare boundaries with its token starts")
     p.add_argument("--out", default=None, help="where to write the report (default: RUN_DIR/eval.json)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
-    p.add_argument("--threads", type=_positive("--threads"), default=0,
+    p.add_argument("--threads", type=non_negative_int("--threads"), default=0,
                    help="CPU threads (0 = PyTorch's default; on a busy shared machine 1 can be much faster)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     return p
@@ -117,7 +101,7 @@ def cmd_compare(argv: list[str]) -> int:
     """`learntok compare RUN_DIR... [--out DIR]`: Table 1 and Table 3 as Markdown and CSV."""
     from learntok.evaluation.compare import compare
 
-    p = _Parser(prog="learntok compare",
+    p = Parser(prog="learntok compare",
                 description="Put evaluated runs side by side in the layout of the paper's Table 1 and Table 3 "
                             "(reads each run's eval.json from `learntok eval` and its config.json).")
     p.add_argument("runs", nargs="+", help="run directories (or eval.json files)")

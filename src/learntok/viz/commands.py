@@ -9,6 +9,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from learntok.argtypes import Parser, non_negative_int
+
 SAMPLE_TEXT = ("The quick brown fox jumps over the lazy dog. Tokenizers split text into pieces;\n"
                "def tokenize(text: str) -> list[str]:\n    return text.split()\n"
                "Grüße aus München! 東京は日本の首都です。 🙂\n")
@@ -24,27 +26,10 @@ Texts longer than the model's input (seq_len - 1 bytes) are processed in consecu
 afresh after BOS, as training sequences do."""
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that raises ValueError (one line, printed by the CLI) instead of exiting."""
-
-    def error(self, message: str):
-        raise ValueError(f"{self.prog}: {message}")
-
-
-def _non_negative(name: str):
-    def parse(s: str) -> int:
-        try:
-            v = int(s)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {s!r}") from None
-        if v < 0:
-            raise argparse.ArgumentTypeError(f"{name} must be non-negative, got {v}")
-        return v
-    return parse
 
 
 def show_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="learntok show", epilog=SHOW_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = Parser(prog="learntok show", epilog=SHOW_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
                 description="The boundary map of a text: each character coloured by the model's boundary "
                             "probability p (of its last byte), drawn boundaries marked.")
     p.add_argument("checkpoint", help="run directory (its latest checkpoint) or a checkpoint directory run/step_N")
@@ -53,12 +38,12 @@ def show_parser() -> argparse.ArgumentParser:
     src.add_argument("--file", default=None, help="a file to map (its bytes as they are); - reads stdin")
     p.add_argument("--html", default=None, help="also write a self-contained HTML page here")
     p.add_argument("--png", default=None, help="also write a PNG image here (needs matplotlib)")
-    p.add_argument("--seed", type=_non_negative("--seed"), default=1234,
+    p.add_argument("--seed", type=non_negative_int("--seed"), default=1234,
                    help="seed of the boundary draws (default: validation's seed)")
     p.add_argument("--greedy", action="store_true", help="draw boundaries greedily (a = [p > 0.5]) instead")
-    p.add_argument("--max-bytes", type=_non_negative("--max-bytes"), default=16384,
+    p.add_argument("--max-bytes", type=non_negative_int("--max-bytes"), default=16384,
                    help="map at most this many bytes of the text (0 = all)")
-    p.add_argument("--width", type=_non_negative("--width"), default=100, help="characters per PNG line")
+    p.add_argument("--width", type=non_negative_int("--width"), default=100, help="characters per PNG line")
     p.add_argument("--color", choices=("auto", "always", "never"), default="auto",
                    help="terminal colours (auto: when stdout is a terminal; never: '|' before each boundary)")
     p.add_argument("--quiet", action="store_true", help="do not print the map to the terminal")
@@ -116,7 +101,7 @@ def cmd_show(argv: list[str]) -> int:
 
 
 def plot_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="learntok plot", formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = Parser(prog="learntok plot", formatter_class=argparse.RawDescriptionHelpFormatter,
                 description="Training curves of one or more runs from their metrics.jsonl: validation bits per "
                             "byte against FLOPs and bytes, boundary rate and -log pi, loss terms, throughput.",
                 epilog="examples:\n  learntok plot runs/learned runs/uniform --out figs\n"
@@ -143,17 +128,17 @@ def cmd_plot(argv: list[str]) -> int:
 
 
 def report_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="learntok report", formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = Parser(prog="learntok report", formatter_class=argparse.RawDescriptionHelpFormatter,
                 description="One self-contained HTML page for a run: summary, curves, boundary maps of held-out "
                             "samples, final evaluation (eval.json), configuration and environment.",
                 epilog="examples:\n  learntok report runs/tiny                  # writes runs/tiny/report.html\n"
                        "  learntok report runs/tiny --out tiny.html --samples 5")
     p.add_argument("run", help="run directory")
     p.add_argument("--out", default=None, help="output file (default: RUN_DIR/report.html)")
-    p.add_argument("--samples", type=_non_negative("--samples"), default=3, help="held-out sequences to map")
-    p.add_argument("--sample-bytes", type=_non_negative("--sample-bytes"), default=600,
+    p.add_argument("--samples", type=non_negative_int("--samples"), default=3, help="held-out sequences to map")
+    p.add_argument("--sample-bytes", type=non_negative_int("--sample-bytes"), default=600,
                    help="bytes shown per sample")
-    p.add_argument("--seed", type=_non_negative("--seed"), default=1234, help="seed of the boundary draws")
+    p.add_argument("--seed", type=non_negative_int("--seed"), default=1234, help="seed of the boundary draws")
     return p
 
 
