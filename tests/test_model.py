@@ -178,3 +178,20 @@ def test_early_exit_loss_trains_encoder_only_for_reward_strategies(strategy, rea
         m(seq[:, :-1], seq[:, 1:], noise=noise).loss.backward()
         grads.append(m.down[0].mlp.up.weight.grad.clone())
     assert torch.allclose(grads[0], grads[1]) != reaches_encoder
+
+
+def test_packed_token_level_equals_padded():
+    """The token level runs on real tokens only; on their rows it must equal the padded computation."""
+    from learntok.model.layers import Block, Packing, rope_tables
+
+    torch.manual_seed(0)
+    blk = Block(16, 2, 64, None, 50.0, "eager")
+    x = torch.randn(3, 7, 16)
+    pos = torch.arange(7).expand(3, 7) * 3
+    count = torch.tensor([7, 2, 5])
+    packing = Packing.from_counts(count, 7)
+    padded = blk(x, rope_tables(pos, 8, 1e4))
+    packed = packing.unpack(blk(packing.pack(x), rope_tables(packing.pack(pos), 8, 1e4), packing))
+    valid = torch.arange(7)[None] < count[:, None]
+    torch.testing.assert_close(packed[valid], padded[valid], rtol=1e-5, atol=1e-5)
+    assert (packed[~valid] == 0).all()

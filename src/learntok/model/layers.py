@@ -5,6 +5,8 @@ Pure maths, no device code. Shapes: B batch, T sequence (bytes or tokens), D wid
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -42,6 +44,31 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return out.type_as(x)
 
 
+@dataclass(frozen=True)
+class Packing:
+    """Where the N real rows of a padded (B, M) token layout live: flat indices into B*M. The token level uses
+    it so norms, projections and MLPs skip the padding (sequences have different token counts)."""
+
+    index: torch.Tensor
+    """(N,) long: positions b*M + j of the real tokens, in order."""
+    B: int
+    M: int
+
+    @staticmethod
+    def from_counts(count: torch.Tensor, M: int) -> Packing:
+        valid = torch.arange(M, device=count.device)[None, :] < count[:, None]  # (B,M)
+        return Packing(valid.flatten().nonzero().squeeze(1), count.shape[0], M)
+
+    def pack(self, x: torch.Tensor) -> torch.Tensor:
+        """(B,M,...) -> (N,...)."""
+        return x.flatten(0, 1)[self.index]
+
+    def unpack(self, x: torch.Tensor) -> torch.Tensor:
+        """(N,...) -> (B,M,...) with zeros at padding."""
+        out = x.new_zeros(self.B * self.M, *x.shape[1:]).index_copy(0, self.index, x)
+        return out.view(self.B, self.M, *x.shape[1:])
+
+
 class Attention(nn.Module):
     """Multi-head self-attention with RoPE; `window=None` is full causal, else causal sliding window."""
 
@@ -53,13 +80,28 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(dim, 3 * dim, bias=False)
         self.proj = nn.Linear(dim, dim, bias=False)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+                packed: Packing | None = None) -> torch.Tensor:
+        if packed is not None:
+            return self._forward_packed(x, rope, packed)
         B, T, D = x.shape
         qkv = self.qkv(x).view(B, T, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)  # (3,B,H,T,dh)
         q, k = apply_rope(qkv[:2], *rope).unbind(0)  # rotate q and k in one pass
         v = qkv[2]
         y = attend(q, k, v, window=self.window, cap=self.cap, backend=self.backend)  # (B,H,T,dh)
         return self.proj(y.transpose(1, 2).reshape(B, T, D))
+
+    def _forward_packed(self, x: torch.Tensor, rope, packed: Packing) -> torch.Tensor:
+        """x (N,D): the real rows of a padded (B,M) layout. Projections run on the N real rows only; q, k, v
+        are scattered into the padded layout just for the attention itself."""
+        N, D = x.shape
+        H = self.n_heads
+        qkv = self.qkv(x).view(N, 3, H, D // H).permute(1, 2, 0, 3)  # (3,H,N,dh)
+        qkv = torch.cat([apply_rope(qkv[:2], *rope), qkv[2:]])  # rope tables are (1,N,dh/2)
+        pad = qkv.new_zeros(3, H, packed.B * packed.M, D // H).index_copy(2, packed.index, qkv)
+        q, k, v = pad.view(3, H, packed.B, packed.M, D // H).transpose(1, 2).unbind(0)  # (B,H,M,dh)
+        y = attend(q, k, v, window=self.window, cap=self.cap, backend=self.backend)  # (B,H,M,dh)
+        return self.proj(y.transpose(1, 2).reshape(packed.B * packed.M, D)[packed.index])  # (N,D)
 
 
 class GeGLU(nn.Module):
@@ -85,6 +127,8 @@ class Block(nn.Module):
         self.attn = Attention(dim, n_heads, window, cap, backend)
         self.mlp = GeGLU(dim, mlp_hidden)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        x = x + self.attn_post(self.attn(self.attn_pre(x), rope))
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+                packed: Packing | None = None) -> torch.Tensor:
+        """x (B,T,D), or (N,D) real rows of a padded layout when `packed` is given (token level)."""
+        x = x + self.attn_post(self.attn(self.attn_pre(x), rope, packed))
         return x + self.mlp_post(self.mlp(self.mlp_pre(x)))

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from learntok.boundaries import BoundaryOutput, build_strategy
 from learntok.config import BoundaryConfig, ModelConfig
 from learntok.model.attention import softcap
-from learntok.model.layers import Block, RMSNorm, rope_tables
+from learntok.model.layers import Block, Packing, RMSNorm, rope_tables
 from learntok.vocab import IGNORE, VOCAB_SIZE
 
 
@@ -107,11 +107,14 @@ class ByteLM(nn.Module):
         x = self.encode(ids)  # (B,T,D)
         out = self.boundary.propose(x, ids, noise=noise, generator=generator, prescribed=prescribed)
         tokens = self.boundary.downsample(x, out)  # x: (B,M,D)
-        y = tokens.x
-        rope_tok = rope_tables(tokens.pos, dh, self.cfg.rope_base)  # per-sequence positions (B,1,M,dh/2)
+        # Sequences have different token counts: the token level runs on the real tokens only (packed), and
+        # pads just for attention, where padding after the real tokens is hidden by causality.
+        packing = Packing.from_counts(tokens.count, tokens.x.shape[1])
+        y = packing.pack(tokens.x)  # (N,D)
+        rope_tok = rope_tables(packing.pack(tokens.pos), dh, self.cfg.rope_base)  # RoPE at byte indices (1,N,dh/2)
         for blk in self.mid:
-            y = blk(y, rope_tok)  # (B,M,D)
-        h = self.boundary.upsample(y, x, tokens, out)  # (B,T,D)
+            y = blk(y, rope_tok, packing)  # (N,D)
+        h = self.boundary.upsample(packing.unpack(y), x, tokens, out)  # (B,T,D)
         for blk in self.up:
             h = blk(h, rope_byte)
         logits = self._head(self.norm_out, self.head, h)  # (B,T,V)
