@@ -75,6 +75,26 @@ def distribute_add(y_tok: torch.Tensor, x: torch.Tensor, tokens: Tokens) -> torc
     return x + y_tok.gather(1, tokens.index.unsqueeze(-1).expand(B, T, D))
 
 
+def forced_positions(B: int, T: int, force_last: bool, device) -> torch.Tensor:
+    """(B,T) bool: a_0 = 1 always (BOS), and the last byte with --force-last (the authors' code)."""
+    forced = torch.zeros(B, T, dtype=torch.bool, device=device)
+    forced[:, 0] = True
+    if force_last:
+        forced[:, -1] = True
+    return forced
+
+
+def boundary_uniforms(noise: torch.Tensor | None, shape: tuple[int, int], *, greedy: bool,
+                      generator: torch.Generator | None, device) -> torch.Tensor:
+    """The uniforms u of a Bernoulli draw a_t = [u_t < p_t]: the injected `noise` if given; 0.5 everywhere for
+    greedy evaluation (a_t = [p_t > 0.5]); else fresh draws from `generator`."""
+    if noise is not None:
+        return noise
+    if greedy:
+        return torch.full(shape, 0.5, device=device)
+    return torch.rand(shape, generator=generator, device=device)
+
+
 class BoundaryStrategy(nn.Module):
     """Base class. Subclasses set the class attributes and implement `propose`."""
 

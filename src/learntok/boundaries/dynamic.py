@@ -30,7 +30,15 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from learntok.boundaries.base import BoundaryOutput, BoundaryStrategy, Tokens, distribute_add, select
+from learntok.boundaries.base import (
+    BoundaryOutput,
+    BoundaryStrategy,
+    Tokens,
+    boundary_uniforms,
+    distribute_add,
+    forced_positions,
+    select,
+)
 from learntok.config import BoundaryConfig
 from learntok.model.layers import RMSNorm
 
@@ -130,15 +138,9 @@ class DynamicPooling(BoundaryStrategy):
         B, T, _ = x.shape
         h = x.detach() if cfg.detach_encoder else x
         logits = self.mlp(self.norm(h)).squeeze(-1).float()  # (B,T) fp32 even under autocast
-        forced = torch.zeros(B, T, dtype=torch.bool, device=x.device)
-        forced[:, 0] = True
-        if cfg.force_last:
-            forced[:, -1] = True
-        if noise is None:
-            if not self.training and cfg.eval_boundaries == "greedy":
-                noise = torch.full((B, T), 0.5, device=x.device)  # logit(0.5) = 0: b_t = [l_t > 0] = [p_t > 0.5]
-            else:
-                noise = torch.rand(B, T, generator=generator, device=x.device)
+        forced = forced_positions(B, T, cfg.force_last, x.device)
+        noise = boundary_uniforms(noise, (B, T), greedy=not self.training and cfg.eval_boundaries == "greedy",
+                                  generator=generator, device=x.device)
         mask, ste = gumbel_sigmoid_boundaries(logits, noise, cfg.gumbel_temperature, forced)
         probs = torch.sigmoid(logits).masked_fill(forced, 1.0)  # (B,T)
         return DynamicOutput(mask=mask, probs=probs, logits=logits.masked_fill(forced, 100.0), free=~forced,

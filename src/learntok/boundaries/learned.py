@@ -16,7 +16,7 @@ import math
 import torch
 import torch.nn as nn
 
-from learntok.boundaries.base import BoundaryOutput, BoundaryStrategy
+from learntok.boundaries.base import BoundaryOutput, BoundaryStrategy, boundary_uniforms, forced_positions
 from learntok.boundaries.reinforce import (
     BatchStatistics,
     batch_relative_advantage,
@@ -52,15 +52,9 @@ class LearnedBoundaries(BoundaryStrategy):
         c = self.proj(self.norm(h)).float() / cfg.logit_scale  # (B,T,w+1)
         base, coef = c[..., 0] + self.bias, c[..., 1:]  # (B,T), (B,T,w)
         cap = cfg.logit_softcap if self.training else 0.0
-        forced = torch.zeros(B, T, dtype=torch.bool, device=x.device)
-        forced[:, 0] = True
-        if cfg.force_last:
-            forced[:, -1] = True
-        if noise is None:
-            if not self.training and cfg.eval_boundaries == "greedy":
-                noise = torch.full((B, T), 0.5, device=x.device)  # u = 0.5: a_t = [p_t > 0.5]
-            else:
-                noise = torch.rand(B, T, generator=generator, device=x.device)
+        forced = forced_positions(B, T, cfg.force_last, x.device)
+        noise = boundary_uniforms(noise, (B, T), greedy=not self.training and cfg.eval_boundaries == "greedy",
+                                  generator=generator, device=x.device)
         mask, rounds = sample_window_policy(base.detach(), coef.detach(), noise, forced, cap)
         logits = softcap(window_logits(base, coef, mask), cap)  # (B,T), with grad
         logits = logits.masked_fill(forced, 100.0)  # forced: p = 1, no gradient (method.md §8.6)
