@@ -16,7 +16,7 @@ from learntok.viz.commands import cmd_plot, cmd_report, cmd_show
 from learntok.viz.curves import load_metrics, plot_boundaries, plot_bpb
 
 from .conftest import tiny_train_config
-from .test_viz import Page, model_boundaries, one_thread  # noqa: F401  (one_thread: autouse fixture)
+from .test_viz import Page, model_boundaries
 
 pytest.importorskip("matplotlib")
 
