@@ -33,3 +33,20 @@ def test_scalars_and_boundary_image_are_written(tmp_path):
     assert [(e.step, e.value) for e in acc.Scalars("val/bpb")] == [(3, 7.5)]
     (img,) = acc.Images("boundaries/map")
     assert img.step == 3 and img.width > 100 and img.height > 20
+
+
+def test_training_with_tensorboard_logs_scalars_and_maps(tmp_path, text_corpus):
+    pytest.importorskip("tensorboard", reason="tensorboard not installed (pip install 'learntok[tensorboard]')")
+    pytest.importorskip("matplotlib")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from learntok.train import train
+
+    from .conftest import tiny_train_config
+
+    train(tiny_train_config(tmp_path / "r", text_corpus, max_steps=4, eval_every=2, tensorboard=True),
+          log=lambda *_: None)
+    acc = EventAccumulator(str(tmp_path / "r" / "tensorboard"))
+    acc.Reload()
+    assert "loss/auto" in acc.Tags()["scalars"] and "val/bpb" in acc.Tags()["scalars"]
+    assert acc.Tags()["images"]
