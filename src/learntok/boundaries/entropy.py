@@ -335,6 +335,17 @@ class EntropyBoundaries(BoundaryStrategy):
             model.to(ids.device)
         return model.entropy(ids)
 
+    has_step = True
+
+    def init_step_state(self, batch, noise):
+        return {"ids": torch.zeros(batch, 0, dtype=torch.long, device=noise.device)}
+
+    def step(self, x_t, ids_t, t, state):
+        """H_t from the entropy model over the whole prefix (it is causal, so this equals `propose`)."""
+        state["ids"] = torch.cat([state["ids"], ids_t[:, None]], dim=1)  # (B,t+1)
+        a = self.entropies(state["ids"])[:, -1] > self.theta if t > 0 else torch.ones_like(ids_t, dtype=torch.bool)
+        return a, a.float()
+
     def propose(self, x, ids, *, noise, generator, prescribed=None):
         if self.theta is None:
             raise RuntimeError("entropy boundaries: theta is not set; call prepare() first")
