@@ -72,6 +72,13 @@ def test_two_processes_equal_one_process_with_double_batch(tmp_path, cfg):
     _assert_same(_weights(tmp_path / "one"), _weights(tmp_path / "two"), atol=2e-5)
 
 
+def test_two_processes_with_accumulation_equal_one_process(tmp_path, cfg):
+    """DDP with no_sync micro-steps and the global-statistics pre-pass."""
+    _run(replace(cfg, out=str(tmp_path / "one")), world=1)
+    _run(replace(cfg, out=str(tmp_path / "two"), micro_batch_size=1), world=2)
+    _assert_same(_weights(tmp_path / "one"), _weights(tmp_path / "two"), atol=2e-5)
+
+
 def test_accumulation_equals_double_batch(tmp_path, cfg):
     _run(replace(cfg, out=str(tmp_path / "full")), world=1)
     _run(replace(cfg, out=str(tmp_path / "acc"), micro_batch_size=2), world=1)

@@ -193,7 +193,7 @@ def _full_state(model: torch.nn.Module, opt: torch.optim.Optimizer, cfg: TrainCo
     return model.state_dict(), opt.state_dict()
 
 
-def _load_full_state(model, opt, tensors: dict, optim: dict, cfg: TrainConfig, d: Dist) -> None:
+def _load_optimizer_state(model, opt, optim: dict, cfg: TrainConfig, d: Dist) -> None:
     if cfg.parallel == "fsdp" and d.active:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
@@ -262,7 +262,7 @@ def train(cfg: TrainConfig, resume: bool = False, log=print) -> RunResult:
     wrapped = wrap_model(model, cfg, d)
     opt = make_optimizer(model, cfg)
     if state is not None:
-        _load_full_state(wrapped, opt, {}, state["optimizer"], cfg, d)
+        _load_optimizer_state(wrapped, opt, state["optimizer"], cfg, d)
     if d.is_main:
         out_dir.mkdir(parents=True, exist_ok=True)
         _write_json(out_dir / "config.json", {**to_dict(cfg), "run_info": {**run_info(), "world_size": d.world}})
@@ -340,9 +340,9 @@ def train(cfg: TrainConfig, resume: bool = False, log=print) -> RunResult:
                 sync = contextlib.nullcontext()
                 if d.active and cfg.parallel == "ddp" and i < accum - 1:
                     sync = wrapped.no_sync()  # gradients are all-reduced once, after the last micro-step
-                with sync, autocast:
-                    out = fwd(ids, tg, noise=nz, prescribed=fl, batch_stats=reducer)
-                with sync:
+                with sync:  # one context for forward and backward (a no_sync context is entered once)
+                    with autocast:
+                        out = fwd(ids, tg, noise=nz, prescribed=fl, batch_stats=reducer)
                     (out.loss / accum).backward()
                 step_tokens += int(out.n_tokens.sum())
                 for k, v in out.terms.items():
