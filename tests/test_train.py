@@ -181,3 +181,12 @@ def test_existing_run_is_never_silently_overwritten(tmp_path, text_corpus, capsy
     assert main(args) == 0
     assert "writing to" in capsys.readouterr().err
     assert (tmp_path / "r-2" / "metrics.jsonl").exists()
+
+
+def test_max_bytes_on_the_command_line_replaces_the_presets_steps():
+    from learntok.cli import parse_train_args
+    from learntok.train import total_steps
+
+    cfg = parse_train_args(["--preset", "tiny", "--max-bytes", "2e6"])
+    assert cfg.max_steps == 0 and total_steps(cfg) == 489  # ceil(2e6 / (8 * 512))
+    assert parse_train_args(["--max-bytes", "2e6", "--max-steps", "7"]).max_steps == 7

@@ -67,9 +67,13 @@ def parse_train_args(argv: list[str]):
         base = replace(from_dict(data), out=known.resume)
     else:
         base = get_preset(known.preset or "tiny")
-    return tyro.cli(TrainConfig, default=base, args=argv, prog="learntok train",
-                    description="Train a byte-level U-Net whose tokenization is learned end to end.",
-                    config=(tyro.conf.OmitArgPrefixes,))
+    cfg = tyro.cli(TrainConfig, default=base, args=argv, prog="learntok train",
+                   description="Train a byte-level U-Net whose tokenization is learned end to end.",
+                   config=(tyro.conf.OmitArgPrefixes,))
+    given = {a.split("=")[0] for a in argv}
+    if "--max-bytes" in given and "--max-steps" not in given:
+        cfg = replace(cfg, max_steps=0)  # a length in bytes replaces the preset's length in steps
+    return cfg
 
 
 def cmd_train(argv: list[str]) -> int:

@@ -147,7 +147,8 @@ class TrainConfig:
     max_steps: int = 0
     """Optimizer updates to train for; 0 = derive from --max-bytes."""
     max_bytes: float = 0.0
-    """Training length in bytes (used when --max-steps is 0)."""
+    """Training length in bytes (used when max_steps is 0; on the command line --max-bytes alone replaces the
+    preset's --max-steps)."""
     time_budget: float = 0.0
     """Stop training after this many seconds of wall-clock (0 = no limit); the schedule is still set by
     --max-steps/--max-bytes."""
