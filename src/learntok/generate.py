@@ -97,17 +97,18 @@ class CachedDecoder:
         x = m.embed(ids_t)[:, None]  # (B,1,D)
         for blk, kv in zip(m.down, self.down):
             x = _block_step(blk, x, rope, kv, slot, win_mask)
-        a_t, _ = m.boundary.step(x[:, 0], ids_t, t, self.state)  # (B,) bool
+        a_t, p_t = m.boundary.step(x[:, 0], ids_t, t, self.state)  # (B,) bool, (B,)
+        tok_in = m.boundary.step_token_input(x[:, 0], a_t, self.state)  # (B,D) select: x_t; dynamic: group mean
         if bool(a_t.any()):
             if int(self.count.max()) >= self.cap:
                 self._grow()
             tok_mask = torch.arange(self.cap, device=self.dev)[None] <= self.count[:, None]  # (B,cap)
-            y = x
+            y = tok_in[:, None]
             for blk, kv in zip(m.mid, self.mid):
                 y = _block_step(blk, y, rope, kv, self.count, tok_mask)
             # Rows without a boundary wrote a k/v at slot `count` that their next token overwrites; their
             # tokens are not advanced, so that slot stays outside their mask.
-            self.last_tok = torch.where(a_t[:, None], y[:, 0], self.last_tok)
+            self.last_tok = m.boundary.step_token_output(y[:, 0], a_t, p_t, self.last_tok, self.state)
             self.count = self.count + a_t.long()
         h = x + self.last_tok[:, None]  # distribute-add
         for blk, kv in zip(m.up, self.up):

@@ -141,6 +141,15 @@ class BoundaryStrategy(nn.Module):
         returns (a_t (B,) bool, p_t (B,)). Must equal `propose` on the full sequence with the same noise."""
         raise NotImplementedError
 
+    def step_token_input(self, x_t: torch.Tensor, a_t: torch.Tensor, state: dict) -> torch.Tensor:
+        """Generation: the token-level input for rows where a token ends at this byte (select: x_t (B,D))."""
+        return x_t
+
+    def step_token_output(self, y_t: torch.Tensor, a_t: torch.Tensor, p_t: torch.Tensor, last: torch.Tensor,
+                          state: dict) -> torch.Tensor:
+        """Generation: what later bytes add back (distribute-add: the newest token's output y_t where a_t)."""
+        return torch.where(a_t[:, None], y_t, last)
+
     def downsample(self, x: torch.Tensor, out: BoundaryOutput) -> Tokens:
         return select(x, out.mask)
 

@@ -152,6 +152,30 @@ class DynamicPooling(BoundaryStrategy):
             return select(x, out.mask)
         return mean_pool(x, out.mask, out.ste)
 
+    has_step = True
+
+    def init_step_state(self, batch, noise):
+        return {"noise": noise, "sum": None, "n": torch.zeros(batch, 1, device=noise.device)}
+
+    def step(self, x_t, ids_t, t, state):
+        logit = self.mlp(self.norm(x_t)).squeeze(-1).float()  # (B,)
+        a = (logit + torch.logit(state["noise"][:, t].float(), eps=1e-6)) > 0  # the hard Gumbel-sigmoid draw
+        p = torch.sigmoid(logit)
+        if t == 0:
+            a, p = torch.ones_like(a), torch.ones_like(p)
+        return a, p
+
+    def step_token_input(self, x_t, a_t, state):
+        """Running mean of the group that ends at this byte (bytes after the previous boundary up to t)."""
+        if self.cfg.pooling == "select":
+            return x_t
+        state["sum"] = x_t if state["sum"] is None else state["sum"] + x_t
+        state["n"] = state["n"] + 1
+        mean = state["sum"] / state["n"]  # (B,D)
+        state["sum"] = torch.where(a_t[:, None], torch.zeros_like(mean), state["sum"])
+        state["n"] = torch.where(a_t[:, None], torch.zeros_like(state["n"]), state["n"])
+        return mean
+
     def upsample(self, y_tok: torch.Tensor, x: torch.Tensor, tokens: Tokens, out: BoundaryOutput) -> torch.Tensor:
         """Byte t gets X_t + Y'_{c(t)}, c(t) = sum_{i<=t} b_i - 1. A hard gather: Nawrot's normalised one-hot
         upsample weights equal it in the forward pass and pass zero gradient to b~ (test_dynamic.py)."""

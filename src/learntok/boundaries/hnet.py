@@ -136,6 +136,30 @@ class HNetChunking(BoundaryStrategy):
         mask = (p.detach() > 0.5) | forced  # (B,T) b_t; a tie p = 0.5 is "no boundary" (official argmax)
         return BoundaryOutput(mask=mask, probs=p, free=~forced)
 
+    has_step = True
+
+    def init_step_state(self, batch, noise):
+        return {"q_prev": None}
+
+    def step(self, x_t, ids_t, t, state):
+        h = self.norm(x_t)  # (B,D)
+        qk = F.linear(h, torch.cat([self.w_q, self.w_k])).float()  # (B,2D)
+        q, k = qk[:, : h.shape[-1]], qk[:, h.shape[-1]:]
+        if t == 0:
+            p = torch.ones(h.shape[0], device=h.device)
+        else:
+            p = ((1 - F.cosine_similarity(state["q_prev"], k, dim=-1, eps=1e-8)) / 2).clamp(0.0, 1.0)  # (B,)
+        state["q_prev"] = q
+        a = (p > 0.5) | (t == 0)
+        return a, p
+
+    def step_token_output(self, y_t, a_t, p_t, last, state):
+        """The EMA of token outputs, z_j = P_j y_j + (1 - P_j) z_{j-1}, advanced where a token ends."""
+        if self.cfg.pooling == "select":
+            return super().step_token_output(y_t, a_t, p_t, last, state)
+        gate = p_t.clamp(P_MIN, 1 - P_MIN)[:, None]  # (B,1)
+        return torch.where(a_t[:, None], gate * y_t.float() + (1 - gate) * last, last)
+
     def upsample(self, y_tok: torch.Tensor, x: torch.Tensor, tokens: Tokens, out: BoundaryOutput) -> torch.Tensor:
         """Byte t gets X_t + STE(c_t) z_{c(t)}, z the EMA of token outputs (auto), or X_t + Y'_{c(t)} (select)."""
         if self.cfg.pooling == "select":
