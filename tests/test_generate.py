@@ -48,3 +48,9 @@ def test_generate_batched_ragged_prompts_and_streaming(tmp_path):
     assert a == b
     assert len(a[0]) == 10
     assert generate(m, ["x = "], 10, temperature=0, seed=3, stop=[a[0][:3]]) == [a[0][:3]]
+
+
+def test_generation_with_bpe_guidance_recomputes_flags_on_the_prefix(tmp_path):
+    m = build_model("bpe", tmp_path).eval()
+    out = generate(m, ["def f(x):", "import"], 6, temperature=0, seed=0)
+    assert len(out) == 2 and all(len(o) == 6 for o in out)

@@ -117,6 +117,25 @@ class CachedDecoder:
         return m._head(m.norm_out, m.head, h)[:, 0], a_t
 
 
+def _prescribed(model, ids: torch.Tensor) -> torch.Tensor | None:
+    """Flags of strategies that annotate text (BPE guidance), recomputed on each row's bytes so far: for the
+    newest byte this is the shifted rule applied to the prefix, the only causal choice while generating."""
+    rows = []
+    for row in ids.tolist():
+        flags = [True] * len(row)  # BOS and special ids separate documents: always boundaries
+        start = 1
+        for i in range(1, len(row) + 1):
+            if i == len(row) or row[i] >= 256:
+                if i > start:
+                    ann = model.boundary.annotate(bytes(row[start:i]))
+                    if ann is None:
+                        return None
+                    flags[start:i] = [bool(f) for f in ann]
+                start = i + 1
+        rows.append(flags)
+    return torch.tensor(rows, device=ids.device)
+
+
 def _sample(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, gen: torch.Generator) -> torch.Tensor:
     """Next byte ids (B,) from logits (B,V) over bytes and EOS."""
     logits = logits.clone()
@@ -162,7 +181,7 @@ def generate(model, prompts: list[str | bytes], max_new_bytes: int = 200, *, tem
             logits, _ = stepper.step(ids_t)
         else:
             ids = torch.tensor([s[: t + 1] for s in seqs], device=dev)
-            logits = model(ids, noise=noise[:, : t + 1]).logits[:, -1]
+            logits = model(ids, noise=noise[:, : t + 1], prescribed=_prescribed(model, ids)).logits[:, -1]
         nxt = _sample(logits.float(), temperature, top_k, top_p, gen).tolist()
         for b in range(B):
             if len(seqs[b]) > t + 1:  # still feeding the prompt
