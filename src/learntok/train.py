@@ -31,10 +31,10 @@ from learntok.boundaries import BoundaryStrategy
 from learntok.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from learntok.config import TrainConfig, to_dict
 from learntok.data import BatchIterator, ByteSequences, describe, load_splits, val_batches_with_flags
-from learntok.display import mark_boundaries
 from learntok.distributed import AllReduceStats, Dist, RecordStats, all_reduce_sum, boundary_noise, init_distributed
 from learntok.model.lm import ByteLM
 from learntok.viz.boundary_map import preview_sample, sequence_map
+from learntok.viz.render import render_ansi
 from learntok.vocab import IGNORE
 
 LN2 = math.log(2)
@@ -140,20 +140,11 @@ def evaluate(model: ByteLM, batches: list[tuple[torch.Tensor, torch.Tensor | Non
             "val/early_bpb": nll_early / (LN2 * max(n_pos, 1))}
 
 
-@torch.no_grad()
-def boundary_sample(model: ByteLM, seq: tuple[torch.Tensor, torch.Tensor | None], device: torch.device,
-                    n_bytes: int = 240, color: bool | None = None, seed: int = 1234) -> str:
-    """A held-out snippet (ids, flags) with the model's evaluation boundaries marked."""
-    was_training = model.training
-    model.eval()
-    seq, flags = seq
-    ids = seq[:-1].unsqueeze(0).to(device)
-    prescribed = None if flags is None else flags[:-1].unsqueeze(0).to(device)
-    out = model(ids, generator=torch.Generator(device).manual_seed(seed), prescribed=prescribed)
-    model.train(was_training)
-    data = bytes(int(b) for b in seq[1:n_bytes + 1] if b < 256)
-    mask = out.boundaries.mask[0, 1:n_bytes + 1].cpu()  # a_t for byte x_t (position 0 is BOS)
-    return mark_boundaries(data, mask, color=color)
+def boundary_sample(model: ByteLM, seq: tuple[torch.Tensor, torch.Tensor | None], n_bytes: int = 240,
+                    color: bool | None = None, seed: int = 1234) -> str:
+    """A held-out row (ids, flags) with the model's evaluation boundaries marked (ANSI or `|` markers)."""
+    ids, flags = seq
+    return render_ansi(sequence_map(model, ids, flags, seed=seed, n_bytes=n_bytes), color=color)
 
 
 def _write_json(path: Path, obj: dict) -> None:
@@ -418,7 +409,7 @@ def train(cfg: TrainConfig, resume: bool = False, log=print) -> RunResult:
     ev, sample = {"val/bpb": float("nan"), "val/rate": float("nan")}, ""
     if evaluate_here:
         ev = evaluate(model, val, device)
-        sample = boundary_sample(model, val_seqs_first(val), device, n_bytes=400)
+        sample = boundary_sample(model, val_seqs_first(val), n_bytes=400)
     if d.is_main:
         with open(out_dir / "metrics.jsonl", "a") as f:
             f.write(json.dumps({"step": step, "bytes": bytes_seen, "flops": flops, "time": elapsed, **ev}) + "\n")

@@ -23,7 +23,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from learntok.boundaries.base import BoundaryOutput, BoundaryStrategy, Tokens, distribute_add
+from learntok.boundaries.base import BoundaryOutput, BoundaryStrategy, Tokens, distribute_add, forced_positions
 from learntok.config import BoundaryConfig
 from learntok.model.layers import RMSNorm
 
@@ -127,10 +127,7 @@ class HNetChunking(BoundaryStrategy):
 
     def propose(self, x, ids, *, noise, generator, prescribed=None):
         B, T, _ = x.shape
-        forced = torch.zeros(B, T, dtype=torch.bool, device=x.device)
-        forced[:, 0] = True
-        if self.cfg.force_last:
-            forced[:, -1] = True
+        forced = forced_positions(B, T, self.cfg.force_last, x.device)
         p = self.route(x)  # (B,T)
         p = torch.where(forced, torch.ones_like(p), p)  # forced: p = 1, no gradient
         mask = (p.detach() > 0.5) | forced  # (B,T) b_t; a tie p = 0.5 is "no boundary" (official argmax)
