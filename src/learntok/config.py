@@ -82,9 +82,10 @@ class BoundaryConfig:
     """Weight of the early-exit head's language-modelling loss."""
     code_loss_weights: bool = False
     """Weight L_auto by (1 - lambda_early) as the authors' code does, instead of by 1 (eq. 27)."""
-    pooling: Literal["auto", "select"] = "auto"
-    """Down/upsampling for strategies with their own (dynamic: mean pooling, hnet: EMA dechunking): auto uses
-    theirs (as the paper does), select forces select + distribute-add for every strategy."""
+    pooling: Literal["auto", "select", "mean"] = "auto"
+    """Down/upsampling. auto: each strategy's own (select for learned, uniform, whitespace, bpe, entropy; mean
+    pooling for dynamic; EMA dechunking for hnet), as the paper does; select: select + distribute-add for
+    every strategy; mean: a token is the mean of its bytes' encoder states (not for dynamic/hnet)."""
     gumbel_temperature: float = 1.0
     """dynamic: temperature of the Gumbel-sigmoid relaxation (the paper's port: 1.0; Nawrot's code: 0.5)."""
     prior_weight: float = 1.0
@@ -152,6 +153,10 @@ class TrainConfig:
     time_budget: float = 0.0
     """Stop training after this many seconds of wall-clock (0 = no limit); the schedule is still set by
     --max-steps/--max-bytes."""
+    schedule: Literal["bytes", "time"] = "bytes"
+    """What the cosine learning-rate decay runs over: bytes (to --max-steps/--max-bytes; reproducible), or
+    time (elapsed / --time-budget: every run decays fully within its wall-clock budget, for equal-time
+    comparisons; --max-steps/--max-bytes then only cap the run; not bit-reproducible). Warm-up is in bytes."""
     warmup_bytes: float = 0.0
     """Linear learning-rate warm-up length in bytes, then cosine decay to min_lr_ratio * lr."""
     lr: float = 3e-3

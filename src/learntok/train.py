@@ -73,23 +73,32 @@ def check_config(cfg: TrainConfig) -> None:
     mb = cfg.micro_batch_size or cfg.batch_size
     if cfg.batch_size < 1 or cfg.batch_size % mb:
         problems.append(f"batch_size={cfg.batch_size} must be a positive multiple of micro_batch_size={mb}")
-    if cfg.max_steps <= 0 and cfg.max_bytes <= 0:
+    if cfg.schedule == "time" and cfg.time_budget <= 0:
+        problems.append("--schedule time needs --time-budget SECONDS")
+    if cfg.max_steps <= 0 and cfg.max_bytes <= 0 and cfg.schedule != "time":
         problems.append("give a training length: --max-steps N or --max-bytes N")
     if problems:
         raise ValueError("; ".join(problems))
 
 
 def total_steps(cfg: TrainConfig) -> int:
+    """Optimizer steps the run is set up for (a time-scheduled run without a length: until its budget ends)."""
     if cfg.max_steps > 0:
         return cfg.max_steps
+    if cfg.max_bytes <= 0 and cfg.schedule == "time":
+        return 10**12
     return max(1, math.ceil(cfg.max_bytes / (cfg.batch_size * cfg.data_cfg.seq_len)))
 
 
-def lr_at(cfg: TrainConfig, bytes_seen: float, total_bytes: float) -> float:
-    """Linear warm-up over warmup_bytes, then cosine decay to min_lr_ratio * lr at total_bytes."""
+def lr_at(cfg: TrainConfig, bytes_seen: float, total_bytes: float, elapsed: float = 0.0) -> float:
+    """Linear warm-up over warmup_bytes, then cosine decay to min_lr_ratio * lr at total_bytes (or, with
+    schedule = "time", at elapsed = time_budget seconds)."""
     if bytes_seen < cfg.warmup_bytes:
         return cfg.lr * (bytes_seen + 1) / cfg.warmup_bytes
-    frac = min(1.0, (bytes_seen - cfg.warmup_bytes) / max(1.0, total_bytes - cfg.warmup_bytes))
+    if cfg.schedule == "time":
+        frac = min(1.0, elapsed / cfg.time_budget)
+    else:
+        frac = min(1.0, (bytes_seen - cfg.warmup_bytes) / max(1.0, total_bytes - cfg.warmup_bytes))
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
@@ -298,7 +307,8 @@ def train(cfg: TrainConfig, resume: bool = False, log=print) -> RunResult:
     bar = None
     if cfg.progress and d.is_main:
         from tqdm.auto import tqdm
-        bar = tqdm(total=steps, initial=step, unit="step", dynamic_ncols=True, file=sys.stderr)
+        bar = tqdm(total=steps if steps < 10**12 else None, initial=step, unit="step", dynamic_ncols=True,
+                   file=sys.stderr)
     acc: dict[str, float] = defaultdict(float)
     n_acc, t_log, b_log = 0, time.perf_counter(), bytes_seen
     t_start = time.perf_counter() - elapsed
@@ -308,7 +318,7 @@ def train(cfg: TrainConfig, resume: bool = False, log=print) -> RunResult:
             if cfg.time_budget and _agree(time.perf_counter() - t_start >= cfg.time_budget, d):
                 log(f"time budget of {cfg.time_budget:.0f} s reached at step {step}")
                 break
-            lr = lr_at(cfg, bytes_seen, total_bytes)
+            lr = lr_at(cfg, bytes_seen, total_bytes, time.perf_counter() - t_start)
             for g in opt.param_groups:
                 g["lr"] = lr
             batch, flags = batches.next_with_flags()  # (per_rank, seq_len + 1) ids, flags or None

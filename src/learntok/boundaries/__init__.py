@@ -41,8 +41,15 @@ def available() -> list[str]:
 
 
 def build_strategy(cfg: BoundaryConfig, dim: int) -> BoundaryStrategy:
-    """Instantiate the strategy named by `cfg.boundaries`."""
-    return strategy_class(cfg.boundaries)(cfg, dim)
+    """Instantiate the strategy named by `cfg.boundaries` (with mean pooling if `cfg.pooling == "mean"`)."""
+    cls = strategy_class(cfg.boundaries)
+    own = cls.downsample is not BoundaryStrategy.downsample or cls.upsample is not BoundaryStrategy.upsample
+    if cfg.pooling == "mean" and own:
+        raise ValueError(f"--pooling mean is for select-based strategies; {cfg.boundaries} has its own pooling "
+                         "(use --pooling auto or select)")
+    strategy = cls(cfg, dim)
+    strategy.mean_pooling = cfg.pooling == "mean"
+    return strategy
 
 
 __all__ = ["REGISTRY", "BoundaryOutput", "BoundaryStrategy", "Tokens", "available", "build_strategy",

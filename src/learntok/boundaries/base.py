@@ -10,6 +10,7 @@ byte has a token at or before it.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Literal
@@ -69,10 +70,57 @@ def select(x: torch.Tensor, mask: torch.Tensor) -> Tokens:
     return Tokens(x=xt, pos=pos, count=count, index=index)
 
 
+def mean_pool(x: torch.Tensor, mask: torch.Tensor, ste: torch.Tensor) -> Tokens:
+    """Mean pooling (Nawrot et al.; `dynamic`, and `--pooling mean` for every select-based strategy).
+    Token j = mean of X over group j (the bytes after boundary j-1 up to boundary j), with Nawrot's
+    gradient path to the straight-through boundaries `ste` (B,T). x (B,T,D), mask (B,T) bool.
+
+    Hard indices come from the int64 count of `mask`; the weights from the fp32 cumsum of `ste` (a bf16
+    cumsum of ones is exact only to 256). Padding rows (j >= count) are zero."""
+    B, T, D = x.shape
+    tok = select(x, mask)  # pos (RoPE positions), count, index c(t); tok.x is replaced below
+    M = tok.pos.shape[1]
+    group = tok.index + 1 - mask.long()  # (B,T) g(t) = sum_{i<t} a_i: a boundary ends its group
+    done = group < tok.count.unsqueeze(1)  # (B,T) False for the unfinished group after the last boundary
+    rows = torch.arange(B, device=x.device).unsqueeze(1) * (M + 1)  # (B,1) row offset; slot M is a spill
+    slot = (torch.where(done, group, M) + rows).flatten()  # (B*T,)
+    b = ste.float()
+    g = b.cumsum(1) - b  # (B,T) soft exclusive count, equals `group` in the forward pass
+    w = 1.0 + (g - g.detach())  # (B,T) Nawrot's entry 1 - (s - g_t) at s = g_t: forward 1, d/db~_i = 1 (i < t)
+    num = x.new_zeros(B * (M + 1), D, dtype=torch.float32).index_add(
+        0, slot, (w.unsqueeze(-1) * x.float()).flatten(0, 1))  # (B*(M+1),D) group sums
+    den = w.new_zeros(B * (M + 1)).index_add(0, slot, w.flatten())  # (B*(M+1),) group sizes
+    den = torch.where(den > 0, den, torch.ones_like(den))  # padding rows: 0 / 1 (where keeps den's gradient)
+    pooled = (num / den.unsqueeze(-1)).view(B, M + 1, D)[:, :M]  # (B,M,D)
+    return Tokens(x=pooled.to(x.dtype), pos=tok.pos, count=tok.count, index=tok.index)
+
+
+def running_group_mean(x_t: torch.Tensor, a_t: torch.Tensor, state: dict) -> torch.Tensor:
+    """Generation with mean pooling: the mean of x over the group that ends at this byte (the bytes after the
+    previous boundary up to t). `state` holds "sum" (None at first) and "n" (B,1); reset where a_t."""
+    state["sum"] = x_t if state.get("sum") is None else state["sum"] + x_t
+    state["n"] = state.get("n", 0) + torch.ones_like(x_t[:, :1])
+    mean = state["sum"] / state["n"]  # (B,D)
+    state["sum"] = torch.where(a_t[:, None], torch.zeros_like(mean), state["sum"])
+    state["n"] = torch.where(a_t[:, None], torch.zeros_like(state["n"]), state["n"])
+    return mean
+
+
 def distribute_add(y_tok: torch.Tensor, x: torch.Tensor, tokens: Tokens) -> torch.Tensor:
     """Upsample (method.md §1.5): byte t gets X_t + Y'_{c(t)}. y_tok (B,M,D), x (B,T,D) -> (B,T,D)."""
     B, T, D = x.shape
     return x + y_tok.gather(1, tokens.index.unsqueeze(-1).expand(B, T, D))
+
+
+def override_boundaries(out: BoundaryOutput, mask: torch.Tensor) -> BoundaryOutput:
+    """`out` with its drawn boundaries replaced by `mask` (B,T) bool (a_0 stays 1): for diagnostics that ask
+    what the model does with other boundaries. A straight-through `ste` is replaced by the hard mask too."""
+    mask = mask.to(device=out.mask.device, dtype=torch.bool).clone()
+    mask[:, 0] = True
+    changes = {"mask": mask}
+    if getattr(out, "ste", None) is not None:
+        changes["ste"] = mask.float()
+    return dataclasses.replace(out, **changes)
 
 
 def forced_positions(B: int, T: int, force_last: bool, device) -> torch.Tensor:
@@ -103,6 +151,9 @@ class BoundaryStrategy(nn.Module):
     exactly_causal: ClassVar[bool] = True
     """False for strategies whose boundaries peek ahead by construction (BPE guidance: a token's extent depends
     on bytes after it); they report a measured leak rate instead of passing the exact no-lookahead test."""
+    mean_pooling: bool = False
+    """Set by `build_strategy` from `--pooling mean`: the default downsample averages each token's bytes
+    (`mean_pool`, no gradient to the boundaries) instead of selecting the boundary byte's state."""
     uses_rewards: ClassVar[bool] = False
     """True if `losses` needs per-byte log-likelihoods of the main and early-exit heads (the early-exit
     head then trains the encoder too; otherwise it is a detached probe)."""
@@ -142,8 +193,9 @@ class BoundaryStrategy(nn.Module):
         raise NotImplementedError
 
     def step_token_input(self, x_t: torch.Tensor, a_t: torch.Tensor, state: dict) -> torch.Tensor:
-        """Generation: the token-level input for rows where a token ends at this byte (select: x_t (B,D))."""
-        return x_t
+        """Generation: the token-level input for rows where a token ends at this byte (select: x_t (B,D); mean
+        pooling: the running mean of the group ending here)."""
+        return running_group_mean(x_t, a_t, state) if self.mean_pooling else x_t
 
     def step_token_output(self, y_t: torch.Tensor, a_t: torch.Tensor, p_t: torch.Tensor, last: torch.Tensor,
                           state: dict) -> torch.Tensor:
@@ -151,6 +203,8 @@ class BoundaryStrategy(nn.Module):
         return torch.where(a_t[:, None], y_t, last)
 
     def downsample(self, x: torch.Tensor, out: BoundaryOutput) -> Tokens:
+        if self.mean_pooling:
+            return mean_pool(x, out.mask, out.mask.float())
         return select(x, out.mask)
 
     def upsample(self, y_tok: torch.Tensor, x: torch.Tensor, tokens: Tokens, out: BoundaryOutput) -> torch.Tensor:

@@ -37,6 +37,8 @@ from learntok.boundaries.base import (
     boundary_uniforms,
     distribute_add,
     forced_positions,
+    mean_pool,
+    running_group_mean,
     select,
 )
 from learntok.config import BoundaryConfig
@@ -65,30 +67,6 @@ def gumbel_sigmoid_boundaries(logits: torch.Tensor, noise: torch.Tensor, tau: fl
     # b + (s - sg(s)): the bracket is exactly 0 in the forward pass, so b~ equals the mask bit for bit.
     ste = torch.where(forced, torch.ones_like(s), mask.float() + (s - s.detach()))  # (B,T) fp32
     return mask, ste
-
-
-def mean_pool(x: torch.Tensor, mask: torch.Tensor, ste: torch.Tensor) -> Tokens:
-    """Token j = mean of X over group j (the bytes after boundary j-1 up to boundary j), with Nawrot's
-    gradient path to the straight-through boundaries `ste` (B,T). x (B,T,D), mask (B,T) bool.
-
-    Hard indices come from the int64 count of `mask`; the weights from the fp32 cumsum of `ste` (a bf16
-    cumsum of ones is exact only to 256). Padding rows (j >= count) are zero."""
-    B, T, D = x.shape
-    tok = select(x, mask)  # pos (RoPE positions), count, index c(t); tok.x is replaced below
-    M = tok.pos.shape[1]
-    group = tok.index + 1 - mask.long()  # (B,T) g(t) = sum_{i<t} a_i: a boundary ends its group
-    done = group < tok.count.unsqueeze(1)  # (B,T) False for the unfinished group after the last boundary
-    rows = torch.arange(B, device=x.device).unsqueeze(1) * (M + 1)  # (B,1) row offset; slot M is a spill
-    slot = (torch.where(done, group, M) + rows).flatten()  # (B*T,)
-    b = ste.float()
-    g = b.cumsum(1) - b  # (B,T) soft exclusive count, equals `group` in the forward pass
-    w = 1.0 + (g - g.detach())  # (B,T) Nawrot's entry 1 - (s - g_t) at s = g_t: forward 1, d/db~_i = 1 (i < t)
-    num = x.new_zeros(B * (M + 1), D, dtype=torch.float32).index_add(
-        0, slot, (w.unsqueeze(-1) * x.float()).flatten(0, 1))  # (B*(M+1),D) group sums
-    den = w.new_zeros(B * (M + 1)).index_add(0, slot, w.flatten())  # (B*(M+1),) group sizes
-    den = torch.where(den > 0, den, torch.ones_like(den))  # padding rows: 0 / 1 (where keeps den's gradient)
-    pooled = (num / den.unsqueeze(-1)).view(B, M + 1, D)[:, :M]  # (B,M,D)
-    return Tokens(x=pooled.to(x.dtype), pos=tok.pos, count=tok.count, index=tok.index)
 
 
 def nawrot_dense_weights(ste: torch.Tensor, M: int, upsample: bool) -> torch.Tensor:
@@ -169,12 +147,7 @@ class DynamicPooling(BoundaryStrategy):
         """Running mean of the group that ends at this byte (bytes after the previous boundary up to t)."""
         if self.cfg.pooling == "select":
             return x_t
-        state["sum"] = x_t if state["sum"] is None else state["sum"] + x_t
-        state["n"] = state["n"] + 1
-        mean = state["sum"] / state["n"]  # (B,D)
-        state["sum"] = torch.where(a_t[:, None], torch.zeros_like(mean), state["sum"])
-        state["n"] = torch.where(a_t[:, None], torch.zeros_like(state["n"]), state["n"])
-        return mean
+        return running_group_mean(x_t, a_t, state)
 
     def upsample(self, y_tok: torch.Tensor, x: torch.Tensor, tokens: Tokens, out: BoundaryOutput) -> torch.Tensor:
         """Byte t gets X_t + Y'_{c(t)}, c(t) = sum_{i<=t} b_i - 1. A hard gather: Nawrot's normalised one-hot

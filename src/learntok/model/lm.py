@@ -22,6 +22,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from learntok.boundaries import BoundaryOutput, build_strategy
+from learntok.boundaries.base import override_boundaries
 from learntok.config import BoundaryConfig, ModelConfig
 from learntok.model.attention import softcap
 from learntok.model.layers import Block, Packing, RMSNorm, rope_tables
@@ -97,15 +98,19 @@ class ByteLM(nn.Module):
 
     def forward(self, ids: torch.Tensor, targets: torch.Tensor | None = None, *, noise: torch.Tensor | None = None,
                 generator: torch.Generator | None = None, prescribed: torch.Tensor | None = None,
-                batch_stats=None) -> ModelOutput:
+                batch_stats=None, boundaries: torch.Tensor | None = None) -> ModelOutput:
         """ids (B,T) input ids (BOS first); targets (B,T) next ids or IGNORE; noise (B,T) boundary uniforms;
         prescribed (B,T) bool boundary flags from the data pipeline (strategies with `annotate`);
-        batch_stats: reducer to global-batch statistics for the estimator (learntok.distributed)."""
+        batch_stats: reducer to global-batch statistics for the estimator (learntok.distributed);
+        boundaries: (B,T) bool flags that replace the strategy's draw (diagnostics, e.g. boundary sensitivity;
+        position 0 is always a boundary)."""
         B, T = ids.shape
         dh = self.cfg.d_model // self.cfg.n_heads
         rope_byte = rope_tables(torch.arange(T, device=ids.device), dh, self.cfg.rope_base)
         x = self.encode(ids)  # (B,T,D)
         out = self.boundary.propose(x, ids, noise=noise, generator=generator, prescribed=prescribed)
+        if boundaries is not None:
+            out = override_boundaries(out, boundaries)
         tokens = self.boundary.downsample(x, out)  # x: (B,M,D)
         # Sequences have different token counts: the token level runs on the real tokens only (packed), and
         # pads just for attention, where padding after the real tokens is hidden by causality.

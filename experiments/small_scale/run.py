@@ -1,0 +1,188 @@
+"""Learned tokenization at small scale (issue 8): does the learned policy make boundaries matter, find words, and
+beat random boundaries within a fixed CPU budget on English Wikipedia?
+
+Final comparison (strategies x seeds at one configuration, equal wall-clock per arm, one training at a time):
+
+    python experiments/small_scale/run.py final --data ../shared/data/text/enwiki --out runs/small_scale \\
+        --budget 1200 --seeds 0 1 2
+
+Screening (one arm; appends a line to OUT/screening.jsonl):
+
+    python experiments/small_scale/run.py screen NAME --budget 300 -- --boundaries learned --gamma 0.9
+
+Each arm is `learntok train --preset small --schedule time --time-budget BUDGET ...` (the cosine decay ends when
+the budget does, so no arm is cut off at a high learning rate), then `boundary_diagnostics` on the held-out
+split: BPB with the model's own boundaries, with rate-0 boundaries (sensitivity) and with iid random boundaries
+at the model's rate (placement), and agreement with SpaceByte's word transitions. `final` also trains the
+baselines for as many bytes as the learned arm saw in the budget (equal bytes) and writes OUT/results.json and
+OUT/results.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from learntok.boundaries.base import BoundaryStrategy
+from learntok.checkpoint import load_run
+from learntok.data import ByteSequences, find_split_files, iter_documents, val_batches_with_flags
+from learntok.evaluation.diagnostics import boundary_diagnostics
+
+DIAG_BYTES = 131_072
+"""Held-out bytes for the diagnostics (3 forward passes each; the first sequences of the validation split)."""
+
+
+def val_batches(cfg, data: str, model) -> list:
+    """The run's held-out batches: the `valid*` files of a split directory, else the run's own hold-out rule."""
+    pair = find_split_files(data)
+    if pair is not None:
+        docs = [t for p in pair[1] for _, t in iter_documents(str(p), cfg.data_cfg.text_field)]
+    else:
+        from learntok.data import load_splits
+        docs = load_splits(cfg.data_cfg)[1]
+    strategy = model.boundary
+    annotate = strategy.annotate if type(strategy).annotate is not BoundaryStrategy.annotate else None
+    seqs = ByteSequences(docs, cfg.data_cfg.seq_len, cfg.data_cfg.pack, name="validation data", annotate=annotate)
+    return val_batches_with_flags(seqs, 8, DIAG_BYTES)
+
+
+def train_arm(run: Path, data: str, budget: float, flags: list[str], *, preset: str = "small",
+              max_bytes: float = 0.0) -> dict:
+    """Train one arm in a fresh process; returns its final metrics row plus wall time."""
+    cmd = [sys.executable, "-m", "learntok", "train", "--preset", preset, "--data", data, "--out", str(run),
+           "--overwrite", "--no-progress", "--ckpt-every", "0"]
+    if max_bytes:  # equal bytes: the cosine runs over exactly these bytes
+        cmd += ["--max-bytes", str(int(max_bytes))]
+    else:  # equal wall-clock
+        cmd += ["--schedule", "time", "--time-budget", str(budget)]
+    cmd += flags
+    t0 = time.time()
+    with open(run.with_suffix(".log"), "w") as log:
+        subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT)
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    final = [r for r in rows if "val/bpb" in r][-1]
+    return {"val_bpb": final["val/bpb"], "val_rate": final["val/rate"], "early_exit_bpb": final.get("val/early_bpb"),
+            "bytes": final["bytes"], "train_seconds": final["time"], "bytes_per_s": final["bytes"] / final["time"],
+            "wall_seconds": time.time() - t0,
+            "curve": [(r["bytes"], r["val/bpb"]) for r in rows if "val/bpb" in r]}
+
+
+def diagnose(run: Path, data: str) -> dict:
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    cfg, model = load_run(run)
+    return boundary_diagnostics(model, val_batches(cfg, data, model), "cpu")
+
+
+def arm(run: Path, data: str, budget: float, flags: list[str], **kw) -> dict:
+    res = train_arm(run, data, budget, flags, **kw)
+    res.update({f"diag/{k}": v for k, v in diagnose(run, data).items()})
+    return res
+
+
+def cmd_screen(args, flags: list[str]) -> None:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    res = arm(out / args.name, args.data, args.budget, flags, preset=args.preset)
+    res = {"name": args.name, "flags": flags, "budget": args.budget, "preset": args.preset, **res}
+    res.pop("curve")
+    with open(out / "screening.jsonl", "a") as f:
+        f.write(json.dumps(res) + "\n")
+    keys = ["val_bpb", "bytes", "bytes_per_s", "diag/rate", "diag/sensitivity", "diag/placement", "diag/spacebyte_f1",
+            "diag/spacebyte_f1_chance"]
+    print(args.name, " ".join(f"{k}={res[k]:.4g}" for k in keys), flush=True)
+
+
+def mean_sd(xs: list[float]) -> str:
+    if len(xs) == 1:
+        return f"{xs[0]:.4f}"
+    return f"{statistics.mean(xs):.4f} ± {statistics.stdev(xs):.4f}"
+
+
+def cmd_final(args, flags: list[str]) -> None:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "results.json"
+    results = json.loads(path.read_text()) if path.exists() else {"budget": args.budget, "flags": flags, "arms": []}
+    done = {(r["strategy"], r["seed"], r["compare"]) for r in results["arms"]}
+
+    def record(strategy: str, seed: int, compare: str, **kw) -> dict:
+        key = (strategy, seed, compare)
+        if key in done:
+            return next(r for r in results["arms"] if (r["strategy"], r["seed"], r["compare"]) == key)
+        run = out / f"{strategy}-{compare}-seed{seed}"
+        res = {"strategy": strategy, "seed": seed, "compare": compare,
+               **arm(run, args.data, args.budget, [*flags, "--boundaries", strategy, "--seed", str(seed)],
+                   preset=args.preset, **kw)}
+        results["arms"].append(res)
+        path.write_text(json.dumps(results, indent=1))
+        print(json.dumps({k: v for k, v in res.items() if k != "curve"}), flush=True)
+        return res
+
+    for seed in args.seeds:
+        learned = record("learned", seed, "time")
+        for s in args.strategies:
+            if s != "learned":
+                record(s, seed, "time")
+        for s in args.equal_bytes:
+            record(s, seed, "bytes", max_bytes=learned["bytes"])
+    (out / "results.md").write_text(table(results))
+    print(table(results))
+
+
+def table(results: dict) -> str:
+    cols = [("val_bpb", "val BPB"), ("bytes", "bytes seen"), ("bytes_per_s", "bytes/s"), ("diag/rate", "rate"),
+            ("diag/spacebyte_f1", "SpaceByte F1"), ("diag/sensitivity", "sensitivity"),
+            ("diag/placement", "placement")]
+    lines = [f"Budget {results['budget']:.0f} s of training per arm; flags: `{' '.join(results['flags'])}`.",
+             "", "| strategy | compare | seeds | " + " | ".join(c[1] for c in cols) + " |",
+             "|---|---|---|" + "---|" * len(cols)]
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in results["arms"]:
+        groups.setdefault((r["strategy"], r["compare"]), []).append(r)
+    for (s, c), rs in groups.items():
+        cells = []
+        for key, _ in cols:
+            xs = [float(r[key]) for r in rs]
+            cells.append(f"{statistics.mean(xs) / 1e6:.1f} M" if key == "bytes" else
+                         f"{statistics.mean(xs) / 1e3:.1f} k" if key == "bytes_per_s" else mean_sd(xs))
+        lines.append(f"| {s} | equal {'time' if c == 'time' else 'bytes'} | {len(rs)} | " + " | ".join(cells) + " |")
+    lines += ["", "Mean ± standard deviation over seeds. sensitivity = BPB with rate-0 boundaries − BPB with the "
+              "model's own; placement = BPB with iid random boundaries at the model's rate − BPB with its own."]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    flags: list[str] = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, flags = argv[:i], argv[i + 1:]
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("command", choices=["screen", "final", "table"])
+    ap.add_argument("name", nargs="?", default="arm", help="screen: the arm's name")
+    ap.add_argument("--data", default="../shared/data/text/enwiki")
+    ap.add_argument("--out", default="runs/small_scale")
+    ap.add_argument("--preset", default="small", help="learntok preset the arms start from")
+    ap.add_argument("--budget", type=float, default=1200.0, help="training seconds per arm")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--strategies", nargs="+", default=["learned", "uniform-random", "uniform"])
+    ap.add_argument("--equal-bytes", nargs="*", default=["uniform-random", "uniform"],
+                    help="baselines also trained for exactly the learned arm's bytes")
+    args = ap.parse_args(argv)
+    if args.command == "screen":
+        cmd_screen(args, flags)
+    elif args.command == "final":
+        cmd_final(args, flags)
+    else:
+        print(table(json.loads((Path(args.out) / "results.json").read_text())))
+
+
+if __name__ == "__main__":
+    main()

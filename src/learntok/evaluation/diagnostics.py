@@ -1,0 +1,83 @@
+"""Do the boundaries matter? Held-out diagnostics that feed a trained model other boundaries (method.md §10).
+
+For the same held-out batches, bits per byte with:
+- own:     the model's evaluation boundaries (as in validation BPB);
+- rate-0:  no boundary but the forced BOS one: the token stack then carries no information about the text;
+- random:  iid boundaries at the model's own held-out rate: the same amount of token information, placed
+           without regard to content.
+
+sensitivity = BPB(rate-0) - BPB(own): how much the model relies on its token stack at all (the authors' code at
+CPU scale: 0.007). placement = BPB(random) - BPB(own): what the model gains from *where* its boundaries go (for
+uniform-random itself it is ~0 by construction). Agreement with SpaceByte's word transitions (precision,
+recall, F1 and the F1 of independent boundaries at the same rate) is over byte positions after BOS.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from learntok.boundaries.whitespace import spacebyte_boundaries
+from learntok.evaluation.stats import prf
+from learntok.vocab import IGNORE
+
+LN2 = math.log(2)
+
+
+@torch.no_grad()
+def boundary_diagnostics(model, batches: list[tuple[torch.Tensor, torch.Tensor | None]], device: torch.device | str,
+                         seed: int = 1234) -> dict:
+    """BPB with own / rate-0 / random boundaries and SpaceByte agreement on `batches` of (ids with the next
+    target appended (B,T+1), prescribed flags or None), as `learntok.data.val_batches_with_flags` gives."""
+    was_training = model.training
+    model.eval()
+    gens = {k: torch.Generator(device).manual_seed(seed) for k in ("own", "rate0", "random")}
+    rnd = torch.Generator("cpu").manual_seed(seed + 1)
+    nll = {"own": 0.0, "rate0": 0.0, "random": 0.0}
+    n_bytes = n_pos = n_bound = 0
+    tp = fp = fn = n_text = n_ref = n_mark = 0
+    try:
+        for batch, flags in batches:
+            batch = batch.to(device)
+            ids, targets = batch[:, :-1], batch[:, 1:]
+            fl = None if flags is None else flags[:, :-1].to(device)
+            byte = targets < 256  # BPB counts real bytes, not EOS separators
+            out = model(ids, targets, generator=gens["own"], prescribed=fl)
+            mask = out.boundaries.mask
+            nll["own"] += float(out.nll[byte].sum())
+            valid = targets != IGNORE
+            valid[:, 0] = False  # a_0 is forced
+            rate = float(mask[valid].float().mean()) if valid.any() else 0.0
+            rate0 = torch.zeros_like(mask)
+            nll["rate0"] += float(model(ids, targets, generator=gens["rate0"], prescribed=fl,
+                                        boundaries=rate0).nll[byte].sum())
+            random = (torch.rand(mask.shape, generator=rnd) < rate).to(mask.device)
+            nll["random"] += float(model(ids, targets, generator=gens["random"], prescribed=fl,
+                                         boundaries=random).nll[byte].sum())
+            n_bytes += int(byte.sum())
+            n_pos += int(valid.sum())
+            n_bound += int(mask[valid].sum())
+            ref = spacebyte_boundaries(ids)
+            text = valid & (ids < 256)
+            tp += int((mask & ref & text).sum())
+            fp += int((mask & ~ref & text).sum())
+            fn += int((~mask & ref & text).sum())
+            n_text += int(text.sum())
+            n_ref += int((ref & text).sum())
+            n_mark += int((mask & text).sum())
+    finally:
+        model.train(was_training)
+    bpb = {k: v / (LN2 * max(n_bytes, 1)) for k, v in nll.items()}
+    agree = prf(tp, fp, fn)
+    r = n_bound / max(n_pos, 1)
+    q, r_text = n_ref / max(n_text, 1), n_mark / max(n_text, 1)  # rates on text bytes, for the chance F1
+    return {
+        "bpb": bpb["own"], "bpb_rate0": bpb["rate0"], "bpb_random": bpb["random"],
+        "sensitivity": bpb["rate0"] - bpb["own"], "placement": bpb["random"] - bpb["own"],
+        "rate": r, "spacebyte_rate": q, "spacebyte_precision": agree["precision"],
+        "spacebyte_recall": agree["recall"], "spacebyte_f1": agree["f1"],
+        "spacebyte_f1_chance": 2 * q * r_text / (q + r_text) if q + r_text > 0 else float("nan"),
+        "bytes": n_bytes,
+    }
+

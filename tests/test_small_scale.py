@@ -1,0 +1,136 @@
+"""What the small-scale study needs: mean pooling for select-based strategies, boundary overrides and the
+held-out diagnostics, and the wall-clock learning-rate schedule."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from learntok.config import BoundaryConfig, DataConfig, ModelConfig, TrainConfig
+from learntok.evaluation.diagnostics import boundary_diagnostics
+from learntok.generate import CachedDecoder
+from learntok.train import check_config, lr_at, train
+from learntok.vocab import BOS
+
+from .conftest import build_model
+
+MEAN_POOLED = ["learned", "uniform", "uniform-random", "whitespace"]
+
+
+def _ids(B: int, T: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(32, 127, (B, T + 1), generator=g)
+    ids[:, 0] = BOS
+    ids[:, 7::6] = ord(" ")
+    return ids
+
+
+@pytest.mark.parametrize("strategy", MEAN_POOLED)
+def test_mean_pooling_tokens_are_group_means_and_causal(strategy, tmp_path):
+    m = build_model(strategy, tmp_path, pooling="mean")
+    B, T, j = 2, 40, 17
+    seq = _ids(B, T, 1)
+    noise = torch.rand(B, T, generator=torch.Generator().manual_seed(3))
+    x = m.encode(seq[:, :-1])
+    out = m.boundary.propose(x, seq[:, :-1], noise=noise, generator=None)
+    tok = m.boundary.downsample(x, out)
+    for b in range(B):  # token k = mean of x over (boundary k-1, boundary k]
+        ends = out.mask[b].nonzero().flatten().tolist()
+        starts = [0] + [e + 1 for e in ends[:-1]]
+        for k, (s, e) in enumerate(zip(starts, ends)):
+            torch.testing.assert_close(tok.x[b, k], x[b, s:e + 1].mean(0), rtol=1e-5, atol=1e-5)
+    seq2 = seq.clone()
+    seq2[:, j:] = _ids(B, T, 2)[:, j:]
+    o1 = m(seq[:, :-1], seq[:, 1:], noise=noise)
+    o2 = m(seq2[:, :-1], seq2[:, 1:], noise=noise)
+    torch.testing.assert_close(o1.logits[:, :j], o2.logits[:, :j], rtol=0, atol=1e-5)
+    assert not torch.allclose(o1.logits[:, j:], o2.logits[:, j:])
+
+
+@pytest.mark.parametrize("strategy", ["learned", "whitespace"])
+def test_mean_pooling_cached_generation_equals_full_forward(strategy, tmp_path):
+    m = build_model(strategy, tmp_path, pooling="mean", model_kw={"byte_window": 8}).eval()
+    B, T = 3, 40
+    ids = _ids(B, T - 1, 4)
+    noise = torch.rand(B, T, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        full = m(ids, noise=noise)
+    dec = CachedDecoder(m, B, noise)
+    logits = torch.stack([dec.step(ids[:, t])[0] for t in range(T)], 1)
+    torch.testing.assert_close(logits, full.logits, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("strategy", ["dynamic", "hnet"])
+def test_mean_pooling_is_refused_where_a_strategy_pools_its_own_way(strategy):
+    from learntok.boundaries import build_strategy
+
+    with pytest.raises(ValueError, match="--pooling mean is for select-based strategies"):
+        build_strategy(BoundaryConfig(boundaries=strategy, pooling="mean"), 16)
+
+
+def test_boundary_override_replaces_the_draw(tmp_path):
+    m = build_model("learned", tmp_path).eval()
+    seq = _ids(2, 30, 5)
+    none = torch.zeros(2, 30, dtype=torch.bool)
+    with torch.no_grad():
+        out = m(seq[:, :-1], seq[:, 1:], noise=torch.rand(2, 30), boundaries=none)
+        ref = m(seq[:, :-1], seq[:, 1:], noise=torch.rand(2, 30))
+    assert out.n_tokens.tolist() == [1, 1]  # only the forced BOS boundary
+    assert out.boundaries.mask[:, 0].all() and not out.boundaries.mask[:, 1:].any()
+    assert not torch.allclose(out.logits, ref.logits)
+
+
+def _batches(n: int = 2) -> list:
+    return [(_ids(4, 48, 10 + i), None) for i in range(n)]
+
+
+def test_diagnostics_of_spacebyte_boundaries(tmp_path):
+    m = build_model("whitespace", tmp_path)
+    d = boundary_diagnostics(m, _batches(), "cpu")
+    assert d["spacebyte_f1"] == pytest.approx(1.0)
+    assert d["spacebyte_precision"] == pytest.approx(1.0) and d["spacebyte_recall"] == pytest.approx(1.0)
+    assert 0 < d["spacebyte_f1_chance"] < 1
+    assert d["sensitivity"] == pytest.approx(d["bpb_rate0"] - d["bpb"])
+    assert d["placement"] == pytest.approx(d["bpb_random"] - d["bpb"])
+    assert m.training  # restored
+
+
+def test_diagnostics_rate0_equals_a_forward_without_boundaries(tmp_path):
+    m = build_model("uniform", tmp_path).eval()
+    batches = _batches(1)
+    d = boundary_diagnostics(m, batches, "cpu")
+    seq = batches[0][0]
+    with torch.no_grad():
+        out = m(seq[:, :-1], seq[:, 1:], boundaries=torch.zeros(seq[:, :-1].shape, dtype=torch.bool))
+    assert d["bpb_rate0"] == pytest.approx(float(out.nll.sum()) / (math.log(2) * out.nll.numel()), rel=1e-6)
+    assert d["rate"] == pytest.approx(0.2, abs=0.02)
+    assert d["sensitivity"] != 0.0
+
+
+def _cfg(tmp_path, **kw) -> TrainConfig:
+    return TrainConfig(out=str(tmp_path / "run"), model=ModelConfig(d_model=32, n_heads=2, byte_window=16),
+                       boundary=BoundaryConfig(boundaries="uniform"), data_cfg=DataConfig(seq_len=64),
+                       batch_size=2, warmup_bytes=0, lr=1e-3, progress=False, eval_every=0, **kw)
+
+
+def test_time_schedule_decays_over_the_budget(tmp_path):
+    cfg = _cfg(tmp_path, schedule="time", time_budget=100.0, min_lr_ratio=0.1)
+    assert lr_at(cfg, 1e9, 1.0, elapsed=0.0) == pytest.approx(1e-3)
+    assert lr_at(cfg, 1e9, 1.0, elapsed=50.0) == pytest.approx(1e-3 * (0.1 + 0.9 * 0.5))
+    assert lr_at(cfg, 10.0, 1e9, elapsed=100.0) == pytest.approx(1e-4)
+    assert lr_at(cfg, 10.0, 1e9, elapsed=500.0) == pytest.approx(1e-4)
+    with pytest.raises(ValueError, match="--schedule time needs --time-budget"):
+        check_config(dataclasses.replace(cfg, time_budget=0.0))
+    check_config(cfg)  # no --max-steps / --max-bytes needed
+
+
+def test_time_scheduled_run_stops_at_its_budget(tmp_path):
+    res = train(_cfg(tmp_path, schedule="time", time_budget=2.0, ckpt_every=0), log=lambda *_: None)
+    assert 0 < res.steps and res.seconds == pytest.approx(2.0, abs=1.5)
+    import json
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    lrs = [r["lr"] for r in rows if "lr" in r]
+    assert lrs[-1] < lrs[0]
