@@ -161,3 +161,23 @@ def test_rate_targeting_alone_drives_mean_p_to_target():
         opt.step()
     assert abs(start - 0.2) > 0.05
     assert abs(float(terms["stats/p_mean"]) - 0.2) < 0.01
+
+
+def test_value_baseline_is_subtracted_and_trained_on_its_own():
+    torch.manual_seed(0)
+    cfg = BoundaryConfig(policy_window=0, lambda_policy=1.0, lambda_target=1.0, value_baseline=True)
+    pol = LearnedBoundaries(cfg, 8).train()
+    x = torch.randn(4, 20, 8, requires_grad=True)
+    out = pol.propose(x, torch.zeros(4, 20, dtype=torch.long), noise=torch.rand(4, 20), generator=None)
+    logp, logp_early = torch.randn(4, 20), torch.randn(4, 20)
+    valid = torch.ones(4, 20, dtype=torch.bool)
+    terms = pol.losses(out, logp, logp_early, valid)
+    g = discounted_returns(logp - logp_early, cfg.gamma)
+    adv = batch_relative_advantage(g - out.value.detach(), valid)
+    torch.testing.assert_close(terms["loss/policy"], -(out.log_prob * adv)[out.free].mean())
+    torch.testing.assert_close(terms["loss/value"], cfg.lambda_policy * ((out.value - g) ** 2).mean())
+    # The value loss trains the value head only: nothing reaches the encoder state or the policy.
+    assert torch.autograd.grad(terms["loss/value"], x, allow_unused=True)[0] is None
+    grads = torch.autograd.grad(terms["loss/value"], [*pol.proj.parameters(), *pol.value.parameters()],
+                                allow_unused=True)
+    assert grads[0] is None and all(gr is not None for gr in grads[1:])

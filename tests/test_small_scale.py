@@ -64,11 +64,11 @@ def test_mean_pooling_cached_generation_equals_full_forward(strategy, tmp_path):
 
 
 @pytest.mark.parametrize("strategy", ["dynamic", "hnet"])
-def test_mean_pooling_is_refused_where_a_strategy_pools_its_own_way(strategy):
+def test_mean_pooling_leaves_strategies_with_their_own_pooling_alone(strategy):
     from learntok.boundaries import build_strategy
 
-    with pytest.raises(ValueError, match="--pooling mean is for select-based strategies"):
-        build_strategy(BoundaryConfig(boundaries=strategy, pooling="mean"), 16)
+    assert build_strategy(BoundaryConfig(boundaries="uniform", pooling="mean"), 16).mean_pooling
+    assert not build_strategy(BoundaryConfig(boundaries=strategy, pooling="mean"), 16).mean_pooling
 
 
 def test_boundary_override_replaces_the_draw(tmp_path):
@@ -93,6 +93,7 @@ def test_diagnostics_of_spacebyte_boundaries(tmp_path):
     assert d["spacebyte_f1"] == pytest.approx(1.0)
     assert d["spacebyte_precision"] == pytest.approx(1.0) and d["spacebyte_recall"] == pytest.approx(1.0)
     assert 0 < d["spacebyte_f1_chance"] < 1
+    assert d["wordstart_f1"] == 0.0  # a SpaceByte boundary is never followed by another one
     assert d["sensitivity"] == pytest.approx(d["bpb_rate0"] - d["bpb"])
     assert d["placement"] == pytest.approx(d["bpb_random"] - d["bpb"])
     assert m.training  # restored

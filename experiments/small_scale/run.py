@@ -173,9 +173,9 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=1200.0, help="training seconds per arm")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--strategies", nargs="+", default=["learned", "uniform-random", "uniform"])
-    ap.add_argument("--equal-bytes", nargs="*", default=["uniform-random", "uniform"],
+    ap.add_argument("--equal-bytes", nargs="*", default=["uniform-random"],
                     help="baselines also trained for exactly the learned arm's bytes")
-    args = ap.parse_args(argv)
+    args = ap.parse_intermixed_args(argv)
     if args.command == "screen":
         cmd_screen(args, flags)
     elif args.command == "final":

@@ -74,6 +74,11 @@ class BoundaryConfig:
     """Time discount of the returns G_i = sum_j gamma^j R_{i+j+1} (eq. 16)."""
     normalize_advantage: bool = False
     """Divide advantages by their batch standard deviation (not in the paper; off by default)."""
+    value_baseline: bool = False
+    """Subtract a learned baseline V(X_t) ~ E[G_t | bytes <= t] (a linear head on the detached encoder state,
+    trained by squared error) from the returns before the batch-relative centring. It does not depend on a_t,
+    so the estimator stays unbiased; it removes the content-driven part of the returns' variance (not in the
+    paper; off by default)."""
     lambda_policy: float = 1e-2
     """Weight of the policy (REINFORCE) loss."""
     lambda_target: float = 1e-2
@@ -85,7 +90,8 @@ class BoundaryConfig:
     pooling: Literal["auto", "select", "mean"] = "auto"
     """Down/upsampling. auto: each strategy's own (select for learned, uniform, whitespace, bpe, entropy; mean
     pooling for dynamic; EMA dechunking for hnet), as the paper does; select: select + distribute-add for
-    every strategy; mean: a token is the mean of its bytes' encoder states (not for dynamic/hnet)."""
+    every strategy; mean: a token is the mean of its bytes' encoder states (strategies with their own pooling,
+    dynamic and hnet, keep theirs)."""
     gumbel_temperature: float = 1.0
     """dynamic: temperature of the Gumbel-sigmoid relaxation (the paper's port: 1.0; Nawrot's code: 0.5)."""
     prior_weight: float = 1.0

@@ -41,14 +41,12 @@ def available() -> list[str]:
 
 
 def build_strategy(cfg: BoundaryConfig, dim: int) -> BoundaryStrategy:
-    """Instantiate the strategy named by `cfg.boundaries` (with mean pooling if `cfg.pooling == "mean"`)."""
+    """Instantiate the strategy named by `cfg.boundaries`. `cfg.pooling == "mean"` switches strategies that use
+    the default select pooling to mean pooling; strategies with their own pooling (dynamic, hnet) keep it."""
     cls = strategy_class(cfg.boundaries)
-    own = cls.downsample is not BoundaryStrategy.downsample or cls.upsample is not BoundaryStrategy.upsample
-    if cfg.pooling == "mean" and own:
-        raise ValueError(f"--pooling mean is for select-based strategies; {cfg.boundaries} has its own pooling "
-                         "(use --pooling auto or select)")
     strategy = cls(cfg, dim)
-    strategy.mean_pooling = cfg.pooling == "mean"
+    own = cls.downsample is not BoundaryStrategy.downsample or cls.upsample is not BoundaryStrategy.upsample
+    strategy.mean_pooling = cfg.pooling == "mean" and not own
     return strategy
 
 

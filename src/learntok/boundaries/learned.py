@@ -7,11 +7,13 @@
 Losses (per-byte means over decided, non-padding positions):
     L_pi     = - mean_t log pi(a_t) * sg(A_t),  A = batch-relative discounted early-exit-relative reward
     L_target = mean(l) * sg(mean(p) - pi_target)                         (eq. 24)
+With --value-baseline, G_t - sg(V(X_t)) replaces G_t in the advantage and lambda_pi mean (V(X_t) - G_t)^2 trains V.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -29,6 +31,12 @@ from learntok.model.attention import softcap
 from learntok.model.layers import RMSNorm
 
 
+@dataclass
+class LearnedOutput(BoundaryOutput):
+    value: torch.Tensor | None = None
+    """(B,T) fp32 V(X_t), the learned baseline of the returns (with grad into the value head only), or None."""
+
+
 class LearnedBoundaries(BoundaryStrategy):
     learns_by = "score_function"
     uses_rewards = True
@@ -44,6 +52,7 @@ class LearnedBoundaries(BoundaryStrategy):
         # One matmul gives W_0 X_t (content) and W_j X_t (j = 1..w, previous-boundary terms) for every t.
         self.proj = nn.Linear(dim, cfg.policy_window + 1, bias=False)
         self.bias = math.log(cfg.target_rate / (1 - cfg.target_rate))  # logit(pi_target)
+        self.value = nn.Sequential(RMSNorm(dim), nn.Linear(dim, 1)) if cfg.value_baseline else None
 
     def propose(self, x, ids, *, noise, generator, prescribed=None):
         cfg = self.cfg
@@ -60,8 +69,11 @@ class LearnedBoundaries(BoundaryStrategy):
         logits = logits.masked_fill(forced, 100.0)  # forced: p = 1, no gradient (method.md §8.6)
         af = mask.float()
         log_prob = af * nn.functional.logsigmoid(logits) + (1 - af) * nn.functional.logsigmoid(-logits)
-        return BoundaryOutput(mask=mask, probs=torch.sigmoid(logits), logits=logits, log_prob=log_prob,
-                              free=~forced, stats={"boundary/sample_rounds": rounds})
+        value = None
+        if self.value is not None and self.training:
+            value = self.value(x.detach()).squeeze(-1).float()  # (B,T)
+        return LearnedOutput(mask=mask, probs=torch.sigmoid(logits), logits=logits, log_prob=log_prob,
+                             free=~forced, stats={"boundary/sample_rounds": rounds}, value=value)
 
     has_step = True
 
@@ -91,6 +103,12 @@ class LearnedBoundaries(BoundaryStrategy):
         # early-exit head. Decision a_t affects predictions at t, t+1, ..., so its return starts at r_t.
         r = ((logp - logp_early) * vf).float()  # (B,T)
         g = discounted_returns(r, cfg.gamma)  # (B,T)
+        extra = {}
+        if getattr(out, "value", None) is not None:
+            # Weighted like the policy loss: at weight 1 its gradient dominated the global norm, and clipping
+            # then slowed the language model (screening run Lc: grad norm 1.7 vs 0.6, val BPB +0.16).
+            extra["loss/value"] = cfg.lambda_policy * ((out.value - g) ** 2 * vf).sum() / vf.sum().clamp(min=1)
+            g = g - out.value.detach()  # a state-only baseline: unbiased
         # Batch statistics of the *global* batch (all ranks and micro-steps) when a reducer is given.
         local = BatchStatistics(g_sum=(g * vf).sum(0), g_cnt=vf.sum(0), g2_sum=(g * g * vf).sum(0),
                                 p_sum=(out.probs.detach() * kf).sum(), n=kf.sum())
@@ -111,4 +129,5 @@ class LearnedBoundaries(BoundaryStrategy):
             "stats/neg_log_pi": (-(out.log_prob.detach() * kf).sum() / n),
             "stats/adv_std": adv[keep].std().detach() if keep.sum() > 1 else torch.zeros(()),
             "stats/reward_mean": (r * kf).sum() / n,
+            **extra,
         }

@@ -94,8 +94,8 @@ def table1(runs: list[dict]) -> tuple[str, list[dict]]:
 
 def table3(runs: list[dict]) -> tuple[str, list[dict]]:
     """(Markdown, CSV rows) of Table 3: rates and boundary statistics on held-out text."""
-    md = ["| Run | Boundaries | Rate | Bytes/token | −log π | F1 vs whitespace | F1 vs BPE | Inference FLOPs/byte |",
-          "|---|---|---|---|---|---|---|---|"]
+    md = ["| Run | Boundaries | Rate | Bytes/token | −log π | F1 vs whitespace | F1 vs BPE | Sensitivity | Placement "
+          "| Inference FLOPs/byte |", "|---|---|---|---|---|---|---|---|---|---|"]
     rows = []
     for r in runs:
         s = r["report"].get("boundary_stats") or {}
@@ -103,8 +103,10 @@ def table3(runs: list[dict]) -> tuple[str, list[dict]]:
         row = {"run": r["run"], "boundaries": r["boundaries"], "rate": s.get("rate"),
                "bytes_per_token": s.get("bytes_per_token"), "neg_log_pi": s.get("neg_log_pi"),
                "f1_whitespace": agree.get("whitespace", {}).get("f1"), "f1_bpe": agree.get("bpe", {}).get("f1"),
+               "sensitivity": (r["report"].get("diagnostics") or {}).get("sensitivity"),
+               "placement": (r["report"].get("diagnostics") or {}).get("placement"),
                "inference_flops_per_byte": (r["report"].get("flops") or {}).get("per_byte")}
-        fmt = ["{:.3f}", "{:.2f}", "{:.3f}", "{:.3f}", "{:.3f}", "{:.3g}"]
+        fmt = ["{:.3f}", "{:.2f}", "{:.3f}", "{:.3f}", "{:.3f}", "{:+.3f}", "{:+.3f}", "{:.3g}"]
         vals = [row[k] for k in list(row)[2:]]
         shown = [f.format(v) if v is not None else "–" for f, v in zip(fmt, vals)]
         md.append(f"| {r['run']} | {r['boundaries']} | " + " | ".join(shown) + " |")

@@ -9,7 +9,9 @@ For the same held-out batches, bits per byte with:
 sensitivity = BPB(rate-0) - BPB(own): how much the model relies on its token stack at all (the authors' code at
 CPU scale: 0.007). placement = BPB(random) - BPB(own): what the model gains from *where* its boundaries go (for
 uniform-random itself it is ~0 by construction). Agreement with SpaceByte's word transitions (precision,
-recall, F1 and the F1 of independent boundaries at the same rate) is over byte positions after BOS.
+recall, F1 and the F1 of independent boundaries at the same rate) is over byte positions after BOS;
+`wordstart_f1` scores the same boundaries against SpaceByte's moved one byte later (a token ending at a word's
+first byte instead of at the space before it), a one-byte offset the exact F1 counts as all wrong.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ def boundary_diagnostics(model, batches: list[tuple[torch.Tensor, torch.Tensor |
     nll = {"own": 0.0, "rate0": 0.0, "random": 0.0}
     n_bytes = n_pos = n_bound = 0
     tp = fp = fn = n_text = n_ref = n_mark = 0
+    shifted = [0, 0, 0]  # tp, fp, fn against SpaceByte's boundaries moved one byte later (word starts)
     try:
         for batch, flags in batches:
             batch = batch.to(device)
@@ -63,6 +66,10 @@ def boundary_diagnostics(model, batches: list[tuple[torch.Tensor, torch.Tensor |
             tp += int((mask & ref & text).sum())
             fp += int((mask & ~ref & text).sum())
             fn += int((~mask & ref & text).sum())
+            ref1 = torch.nn.functional.pad(ref[:, :-1], (1, 0), value=False) & (ids < 256)
+            shifted[0] += int((mask & ref1 & text).sum())
+            shifted[1] += int((mask & ~ref1 & text).sum())
+            shifted[2] += int((~mask & ref1 & text).sum())
             n_text += int(text.sum())
             n_ref += int((ref & text).sum())
             n_mark += int((mask & text).sum())
@@ -78,6 +85,6 @@ def boundary_diagnostics(model, batches: list[tuple[torch.Tensor, torch.Tensor |
         "rate": r, "spacebyte_rate": q, "spacebyte_precision": agree["precision"],
         "spacebyte_recall": agree["recall"], "spacebyte_f1": agree["f1"],
         "spacebyte_f1_chance": 2 * q * r_text / (q + r_text) if q + r_text > 0 else float("nan"),
-        "bytes": n_bytes,
+        "wordstart_f1": prf(*shifted)["f1"], "bytes": n_bytes,
     }
 

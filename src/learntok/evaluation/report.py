@@ -14,13 +14,24 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from learntok.data import ByteSequences, DataError, find_split_files, iter_documents, load_splits
+from learntok.data import (
+    ByteSequences,
+    DataError,
+    find_split_files,
+    iter_documents,
+    load_splits,
+    val_batches_with_flags,
+)
 from learntok.evaluation.bpb import BoundaryMode, annotator, check_mode, heldout_bpb
+from learntok.evaluation.diagnostics import boundary_diagnostics
 from learntok.evaluation.stats import BoundaryStats
 from learntok.evaluation.tasks import TASKS, format_metric, read_task, resolve_tasks, score_task
 
 EVAL_VERSION = 1
 """Bumped when the meaning of an eval.json field changes; `read_eval` refuses other versions."""
+
+DIAGNOSTIC_BYTES = 131_072
+"""Held-out bytes (the first sequences) for the boundary diagnostics (three forward passes each)."""
 
 
 @dataclass
@@ -105,7 +116,8 @@ def evaluate_model(cfg, model, opts: EvalOptions, log: Callable[[str], None] = p
                     "policy_window": cfg.boundary.policy_window if cfg.boundary.boundaries == "learned" else None,
                     "mode": {"mode": bm.mode, "samples": bm.draws, "seed": bm.seed,
                              "description": check_mode(model, bm)},
-                    "limit": opts.limit, "tasks": {}, "heldout": None, "boundary_stats": None, "flops": None}
+                    "limit": opts.limit, "tasks": {}, "heldout": None, "boundary_stats": None, "flops": None,
+                    "diagnostics": None}
     window = cfg.data_cfg.seq_len
     for name, path in resolve_tasks(opts.tasks, opts.task_dir):
         t = time.perf_counter()
@@ -133,6 +145,10 @@ def evaluate_model(cfg, model, opts: EvalOptions, log: Callable[[str], None] = p
         report["boundary_stats"] = stats.result()
         report["flops"] = inference_flops(model, report["boundary_stats"]["rate"])
         log(f"held-out BPB {format_metric(res['bpb'], res['bpb_se'], 4)} on {res['bytes']:,} bytes")
+        if bm.mode == "sample" and bm.draws == 1:  # own vs rate-0 vs random boundaries on the same bytes
+            diag_bytes = min(DIAGNOSTIC_BYTES, max_bytes or DIAGNOSTIC_BYTES)
+            batches = val_batches_with_flags(seqs, opts.batch_size, diag_bytes)
+            report["diagnostics"] = boundary_diagnostics(model, batches, next(model.parameters()).device, bm.seed)
     report["seconds"] = time.perf_counter() - t0
     report["threads"] = torch.get_num_threads()
     return report
@@ -223,6 +239,15 @@ def format_report(report: dict, title: str = "") -> str:
         for k in range(min(12, len(hist))):
             lines.append(f"    {k + 1:>3} {hist[k] / total:6.1%} {_bar(hist[k] / total)}")
         lines.append(f"    >12 {hist[12:].sum() / total:6.1%} {_bar(hist[12:].sum() / total)}")
+    d = report.get("diagnostics")
+    if d:
+        lines += ["", f"do the boundaries matter? (first {d['bytes']:,} held-out bytes)",
+                  f"  sensitivity {d['sensitivity']:+.4f} BPB: {d['bpb_rate0']:.4f} with no boundaries (rate 0) vs "
+                  f"{d['bpb']:.4f} with its own",
+                  f"  placement   {d['placement']:+.4f} BPB: {d['bpb_random']:.4f} with iid random boundaries at its "
+                  f"rate {d['rate']:.3f}",
+                  f"  vs SpaceByte F1 {_f(d['spacebyte_f1'])} (chance {_f(d['spacebyte_f1_chance'])}), one byte later "
+                  f"(word starts) F1 {_f(d['wordstart_f1'])}"]
     f = report.get("flops")
     if f:
         lines += ["", f"inference FLOPs per byte {f['per_byte']:.4g} = 2 x {f['byte_params']:,} byte-level + "
