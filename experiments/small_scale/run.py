@@ -109,7 +109,8 @@ def cmd_final(args, flags: list[str]) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "results.json"
-    results = json.loads(path.read_text()) if path.exists() else {"budget": args.budget, "flags": flags, "arms": []}
+    results = json.loads(path.read_text()) if path.exists() else {"budget": args.budget, "flags": flags,
+                                                                  "preset": args.preset, "arms": []}
     done = {(r["strategy"], r["seed"], r["compare"]) for r in results["arms"]}
 
     def record(strategy: str, seed: int, compare: str, **kw) -> dict:
@@ -140,7 +141,9 @@ def table(results: dict) -> str:
     cols = [("val_bpb", "val BPB"), ("bytes", "bytes seen"), ("bytes_per_s", "bytes/s"), ("diag/rate", "rate"),
             ("diag/spacebyte_f1", "SpaceByte F1"), ("diag/sensitivity", "sensitivity"),
             ("diag/placement", "placement")]
-    lines = [f"Budget {results['budget']:.0f} s of training per arm; flags: `{' '.join(results['flags'])}`.",
+    flags = " ".join(results["flags"]) or "none"
+    lines = [f"`--preset {results.get('preset', 'small')}`, {results['budget']:.0f} s of training per arm, "
+             f"extra flags: {flags}.",
              "", "| strategy | compare | seeds | " + " | ".join(c[1] for c in cols) + " |",
              "|---|---|---|" + "---|" * len(cols)]
     groups: dict[tuple[str, str], list[dict]] = {}
@@ -153,7 +156,15 @@ def table(results: dict) -> str:
             cells.append(f"{statistics.mean(xs) / 1e6:.1f} M" if key == "bytes" else
                          f"{statistics.mean(xs) / 1e3:.1f} k" if key == "bytes_per_s" else mean_sd(xs))
         lines.append(f"| {s} | equal {'time' if c == 'time' else 'bytes'} | {len(rs)} | " + " | ".join(cells) + " |")
-    lines += ["", "Mean ± standard deviation over seeds. sensitivity = BPB with rate-0 boundaries − BPB with the "
+    learned = {r["seed"]: r["val_bpb"] for r in results["arms"] if r["strategy"] == "learned"}
+    diffs = ["", "| baseline − learned (val BPB, same seed) | compare | seeds | difference |", "|---|---|---|---|"]
+    for (s, c), rs in groups.items():
+        d = [r["val_bpb"] - learned[r["seed"]] for r in rs if s != "learned" and r["seed"] in learned]
+        if d:
+            diffs.append(f"| {s} | equal {'time' if c == 'time' else 'bytes'} | {len(d)} | {mean_sd(d)} |")
+    lines += diffs if len(diffs) > 3 else []
+    lines += ["", "Mean ± standard deviation over seeds (positive difference: learned is better). "
+              "sensitivity = BPB with rate-0 boundaries − BPB with the "
               "model's own; placement = BPB with iid random boundaries at the model's rate − BPB with its own."]
     return "\n".join(lines) + "\n"
 
