@@ -28,8 +28,6 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 from learntok.boundaries.base import BoundaryStrategy
 from learntok.checkpoint import load_run
 from learntok.data import ByteSequences, find_split_files, iter_documents, val_batches_with_flags
@@ -75,7 +73,6 @@ def train_arm(run: Path, data: str, budget: float, flags: list[str], *, preset: 
 
 
 def diagnose(run: Path, data: str) -> dict:
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     cfg, model = load_run(run)
     return boundary_diagnostics(model, val_batches(cfg, data, model), "cpu")
 
