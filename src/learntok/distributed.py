@@ -58,13 +58,24 @@ def init_distributed(device: str) -> Dist:
     return Dist(rank=rank, world=world, local_rank=local_rank, device=dev)
 
 
-def all_reduce_sum(t: torch.Tensor, d: Dist) -> torch.Tensor:
-    """Sum over ranks (a copy; identity in a single process)."""
+def _all_reduce(t: torch.Tensor, d: Dist, op) -> torch.Tensor:
+    """Reduce a copy of `t` over ranks on the process group's device (NCCL only takes CUDA tensors; host
+    scalars such as logged values are moved there and back). Identity in a single process."""
     if not d.active:
         return t
-    t = t.clone()
-    tdist.all_reduce(t, op=tdist.ReduceOp.SUM)
-    return t
+    r = t.to(d.device, copy=True)
+    tdist.all_reduce(r, op=op)
+    return r.to(t.device)
+
+
+def all_reduce_sum(t: torch.Tensor, d: Dist) -> torch.Tensor:
+    """Sum over ranks (a copy; identity in a single process)."""
+    return _all_reduce(t, d, tdist.ReduceOp.SUM)
+
+
+def all_reduce_max(t: torch.Tensor, d: Dist) -> torch.Tensor:
+    """Maximum over ranks (a copy; identity in a single process)."""
+    return _all_reduce(t, d, tdist.ReduceOp.MAX)
 
 
 def boundary_noise(seed: int, step: int, rows: np.ndarray, T: int, device: torch.device) -> torch.Tensor:

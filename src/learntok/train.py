@@ -31,7 +31,15 @@ from learntok.boundaries import BoundaryStrategy
 from learntok.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from learntok.config import TrainConfig, to_dict
 from learntok.data import BatchIterator, ByteSequences, describe, load_splits, val_batches_with_flags
-from learntok.distributed import AllReduceStats, Dist, RecordStats, all_reduce_sum, boundary_noise, init_distributed
+from learntok.distributed import (
+    AllReduceStats,
+    Dist,
+    RecordStats,
+    all_reduce_max,
+    all_reduce_sum,
+    boundary_noise,
+    init_distributed,
+)
 from learntok.model.lm import ByteLM
 from learntok.viz.boundary_map import preview_sample, sequence_map
 from learntok.viz.render import render_ansi
@@ -81,12 +89,16 @@ def check_config(cfg: TrainConfig) -> None:
         raise ValueError("; ".join(problems))
 
 
+UNBOUNDED_STEPS = 10**12
+"""Step count of a time-scheduled run without --max-steps / --max-bytes: its budget ends it first."""
+
+
 def total_steps(cfg: TrainConfig) -> int:
     """Optimizer steps the run is set up for (a time-scheduled run without a length: until its budget ends)."""
     if cfg.max_steps > 0:
         return cfg.max_steps
     if cfg.max_bytes <= 0 and cfg.schedule == "time":
-        return 10**12
+        return UNBOUNDED_STEPS
     return max(1, math.ceil(cfg.max_bytes / (cfg.batch_size * cfg.data_cfg.seq_len)))
 
 
@@ -307,7 +319,7 @@ def train(cfg: TrainConfig, resume: bool = False, log=print) -> RunResult:
     bar = None
     if cfg.progress and d.is_main:
         from tqdm.auto import tqdm
-        bar = tqdm(total=steps if steps < 10**12 else None, initial=step, unit="step", dynamic_ncols=True,
+        bar = tqdm(total=steps if steps < UNBOUNDED_STEPS else None, initial=step, unit="step", dynamic_ncols=True,
                    file=sys.stderr)
     acc: dict[str, float] = defaultdict(float)
     n_acc, t_log, b_log = 0, time.perf_counter(), bytes_seen
@@ -315,10 +327,13 @@ def train(cfg: TrainConfig, resume: bool = False, log=print) -> RunResult:
     model.train()
     try:
         while step < steps:
-            if cfg.time_budget and _agree(time.perf_counter() - t_start >= cfg.time_budget, d):
+            # Every rank uses the slowest rank's clock: all stop at the same step and, with --schedule time,
+            # all apply the same learning rate (DDP/FSDP replicas must take identical steps).
+            now = float(all_reduce_max(torch.tensor(time.perf_counter() - t_start), d)) if cfg.time_budget else 0.0
+            if cfg.time_budget and now >= cfg.time_budget:
                 log(f"time budget of {cfg.time_budget:.0f} s reached at step {step}")
                 break
-            lr = lr_at(cfg, bytes_seen, total_bytes, time.perf_counter() - t_start)
+            lr = lr_at(cfg, bytes_seen, total_bytes, now)
             for g in opt.param_groups:
                 g["lr"] = lr
             batch, flags = batches.next_with_flags()  # (per_rank, seq_len + 1) ids, flags or None
@@ -440,11 +455,6 @@ def _micro_batches(batch: torch.Tensor, flags: torch.Tensor | None, noise: torch
     return out
 
 
-def _agree(flag: bool, d: Dist) -> bool:
-    """True on every rank if it is True on any (so all ranks stop at the same step)."""
-    return bool(all_reduce_sum(torch.tensor(float(flag)), d) > 0)
-
-
 def _reduce_logs(rec: dict[str, float], d: Dist) -> dict[str, float]:
     """Average logged scalars over ranks (max for the max-token count)."""
     if not d.active:
@@ -453,9 +463,7 @@ def _reduce_logs(rec: dict[str, float], d: Dist) -> dict[str, float]:
     vals = all_reduce_sum(torch.tensor([rec[k] for k in keys], dtype=torch.float64), d) / d.world
     out = dict(zip(keys, vals.tolist()))
     if "boundary/max_tokens" in rec:
-        t = torch.tensor(rec["boundary/max_tokens"])
-        tdist.all_reduce(t, op=tdist.ReduceOp.MAX)
-        out["boundary/max_tokens"] = float(t)
+        out["boundary/max_tokens"] = float(all_reduce_max(torch.tensor(rec["boundary/max_tokens"]), d))
     return out
 
 
