@@ -28,27 +28,19 @@ import sys
 import time
 from pathlib import Path
 
-from learntok.boundaries.base import BoundaryStrategy
 from learntok.checkpoint import load_run
-from learntok.data import ByteSequences, find_split_files, iter_documents, val_batches_with_flags
+from learntok.data import ByteSequences, val_batches_with_flags
+from learntok.evaluation.bpb import annotator
 from learntok.evaluation.diagnostics import boundary_diagnostics
-
-DIAG_BYTES = 131_072
-"""Held-out bytes for the diagnostics (3 forward passes each; the first sequences of the validation split)."""
+from learntok.evaluation.report import DIAGNOSTIC_BYTES, heldout_documents
 
 
-def val_batches(cfg, data: str, model) -> list:
-    """The run's held-out batches: the `valid*` files of a split directory, else the run's own hold-out rule."""
-    pair = find_split_files(data)
-    if pair is not None:
-        docs = [t for p in pair[1] for _, t in iter_documents(str(p), cfg.data_cfg.text_field)]
-    else:
-        from learntok.data import load_splits
-        docs = load_splits(cfg.data_cfg)[1]
-    strategy = model.boundary
-    annotate = strategy.annotate if type(strategy).annotate is not BoundaryStrategy.annotate else None
-    seqs = ByteSequences(docs, cfg.data_cfg.seq_len, cfg.data_cfg.pack, name="validation data", annotate=annotate)
-    return val_batches_with_flags(seqs, 8, DIAG_BYTES)
+def val_batches(cfg, model) -> list:
+    """The first DIAGNOSTIC_BYTES of the run's validation split (as `learntok eval` reads it), with flags."""
+    _, docs = heldout_documents(cfg, None, "val")
+    seqs = ByteSequences(docs, cfg.data_cfg.seq_len, cfg.data_cfg.pack, name="validation data",
+                         annotate=annotator(model))
+    return val_batches_with_flags(seqs, 8, DIAGNOSTIC_BYTES)
 
 
 def train_arm(run: Path, data: str, budget: float, flags: list[str], *, preset: str = "small",
@@ -72,14 +64,14 @@ def train_arm(run: Path, data: str, budget: float, flags: list[str], *, preset: 
             "curve": [(r["bytes"], r["val/bpb"]) for r in rows if "val/bpb" in r]}
 
 
-def diagnose(run: Path, data: str) -> dict:
+def diagnose(run: Path) -> dict:
     cfg, model = load_run(run)
-    return boundary_diagnostics(model, val_batches(cfg, data, model), "cpu")
+    return boundary_diagnostics(model, val_batches(cfg, model), "cpu")
 
 
 def arm(run: Path, data: str, budget: float, flags: list[str], **kw) -> dict:
     res = train_arm(run, data, budget, flags, **kw)
-    res.update({f"diag/{k}": v for k, v in diagnose(run, data).items()})
+    res.update({f"diag/{k}": v for k, v in diagnose(run).items()})
     return res
 
 
