@@ -38,8 +38,9 @@ def boundary_diagnostics(model, batches: list[tuple[torch.Tensor, torch.Tensor |
     rnd = torch.Generator("cpu").manual_seed(seed + 1)
     nll = {"own": 0.0, "rate0": 0.0, "random": 0.0}
     n_bytes = n_pos = n_bound = 0
-    tp = fp = fn = n_text = n_ref = n_mark = 0
-    shifted = [0, 0, 0]  # tp, fp, fn against SpaceByte's boundaries moved one byte later (word starts)
+    exact = [0, 0, 0]  # tp, fp, fn against SpaceByte's boundaries
+    shifted = [0, 0, 0]  # the same against SpaceByte's boundaries moved one byte later (word starts)
+    n_text = n_ref = n_mark = 0
     try:
         for batch, flags in batches:
             batch = batch.to(device)
@@ -63,20 +64,17 @@ def boundary_diagnostics(model, batches: list[tuple[torch.Tensor, torch.Tensor |
             n_bound += int(mask[valid].sum())
             ref = spacebyte_boundaries(ids)
             text = valid & (ids < 256)
-            tp += int((mask & ref & text).sum())
-            fp += int((mask & ~ref & text).sum())
-            fn += int((~mask & ref & text).sum())
             ref1 = torch.nn.functional.pad(ref[:, :-1], (1, 0), value=False) & (ids < 256)
-            shifted[0] += int((mask & ref1 & text).sum())
-            shifted[1] += int((mask & ~ref1 & text).sum())
-            shifted[2] += int((~mask & ref1 & text).sum())
+            for counts, r in ((exact, ref), (shifted, ref1)):
+                for i, c in enumerate(_confusion(mask, r, text)):
+                    counts[i] += c
             n_text += int(text.sum())
             n_ref += int((ref & text).sum())
             n_mark += int((mask & text).sum())
     finally:
         model.train(was_training)
     bpb = {k: v / (LN2 * max(n_bytes, 1)) for k, v in nll.items()}
-    agree = prf(tp, fp, fn)
+    agree = prf(*exact)
     r = n_bound / max(n_pos, 1)
     q, r_text = n_ref / max(n_text, 1), n_mark / max(n_text, 1)  # rates on text bytes, for the chance F1
     return {
@@ -88,3 +86,7 @@ def boundary_diagnostics(model, batches: list[tuple[torch.Tensor, torch.Tensor |
         "wordstart_f1": prf(*shifted)["f1"], "bytes": n_bytes,
     }
 
+
+def _confusion(pred: torch.Tensor, ref: torch.Tensor, where: torch.Tensor) -> tuple[int, int, int]:
+    """(true positives, false positives, false negatives) of boolean `pred` against `ref` at `where`."""
+    return (int((pred & ref & where).sum()), int((pred & ~ref & where).sum()), int((~pred & ref & where).sum()))
