@@ -122,15 +122,21 @@ def test_biased_estimator_fails_the_same_check():
     assert z.max() > 4.5, z
 
 
-def test_policy_loss_is_minus_logprob_times_advantage():
+def _policy_losses(cfg: BoundaryConfig):
+    """A policy on random encoder states x (4,20,8) with gradient, its draw and its loss terms on random
+    per-byte log-likelihoods: (policy, x, out, logp, logp_early, valid, terms)."""
     torch.manual_seed(0)
-    cfg = BoundaryConfig(policy_window=2, lambda_policy=1.0, lambda_target=1.0)
     pol = LearnedBoundaries(cfg, 8).train()
     x = torch.randn(4, 20, 8, requires_grad=True)
     out = pol.propose(x, torch.zeros(4, 20, dtype=torch.long), noise=torch.rand(4, 20), generator=None)
     logp, logp_early = torch.randn(4, 20), torch.randn(4, 20)
     valid = torch.ones(4, 20, dtype=torch.bool)
-    terms = pol.losses(out, logp, logp_early, valid)
+    return pol, x, out, logp, logp_early, valid, pol.losses(out, logp, logp_early, valid)
+
+
+def test_policy_loss_is_minus_logprob_times_advantage():
+    cfg = BoundaryConfig(policy_window=2, lambda_policy=1.0, lambda_target=1.0)
+    pol, x, out, logp, logp_early, valid, terms = _policy_losses(cfg)
     adv = batch_relative_advantage(discounted_returns(logp - logp_early, cfg.gamma), valid)
     keep = out.free
     expected = -(out.log_prob * adv)[keep].mean()
@@ -164,14 +170,8 @@ def test_rate_targeting_alone_drives_mean_p_to_target():
 
 
 def test_value_baseline_is_subtracted_and_trained_on_its_own():
-    torch.manual_seed(0)
     cfg = BoundaryConfig(policy_window=0, lambda_policy=1.0, lambda_target=1.0, value_baseline=True)
-    pol = LearnedBoundaries(cfg, 8).train()
-    x = torch.randn(4, 20, 8, requires_grad=True)
-    out = pol.propose(x, torch.zeros(4, 20, dtype=torch.long), noise=torch.rand(4, 20), generator=None)
-    logp, logp_early = torch.randn(4, 20), torch.randn(4, 20)
-    valid = torch.ones(4, 20, dtype=torch.bool)
-    terms = pol.losses(out, logp, logp_early, valid)
+    pol, x, out, logp, logp_early, valid, terms = _policy_losses(cfg)
     g = discounted_returns(logp - logp_early, cfg.gamma)
     adv = batch_relative_advantage(g - out.value.detach(), valid)
     torch.testing.assert_close(terms["loss/policy"], -(out.log_prob * adv)[out.free].mean())
