@@ -61,7 +61,7 @@ def _supported(path: Path) -> bool:
     return _split_suffix(path)[0] in WHOLE_FILE_SUFFIXES + ROW_SUFFIXES
 
 
-def _open(path: Path) -> IO[bytes]:
+def open_decompressed(path: Path) -> IO[bytes]:
     """A binary reader of the decompressed content."""
     comp = _split_suffix(path)[1]
     if comp == ".gz":
@@ -79,7 +79,7 @@ def _open(path: Path) -> IO[bytes]:
     return open(path, "rb")
 
 
-def _read_errors() -> tuple[type[BaseException], ...]:
+def read_errors() -> tuple[type[BaseException], ...]:
     """Exceptions of reading or decompressing a file (zstandard's only once it has been imported)."""
     zstd = sys.modules.get("zstandard")
     return (OSError, EOFError, lzma.LZMAError, zlib.error) + ((zstd.ZstdError,) if zstd is not None else ())
@@ -87,9 +87,9 @@ def _read_errors() -> tuple[type[BaseException], ...]:
 
 def _read_all(path: Path) -> bytes:
     try:
-        with _open(path) as f:
+        with open_decompressed(path) as f:
             return f.read()
-    except _read_errors() as e:
+    except read_errors() as e:
         raise DataError(f"{path}: cannot read or decompress: {e}") from e
 
 
@@ -113,7 +113,7 @@ def _text_bytes(value: Any, where: str, text_field: str) -> bytes:
 
 def _iter_jsonl(path: Path, text_field: str) -> Iterator[tuple[str, bytes]]:
     try:
-        with _open(path) as f:
+        with open_decompressed(path) as f:
             for lineno, line in enumerate(f, start=1):
                 if not line.strip():
                     continue
@@ -127,7 +127,7 @@ def _iter_jsonl(path: Path, text_field: str) -> Iterator[tuple[str, bytes]]:
                 if text_field not in row:
                     raise DataError(f"{where}: no field {text_field!r} (fields: {', '.join(sorted(row))})")
                 yield where, _text_bytes(row[text_field], where, text_field)
-    except _read_errors() as e:
+    except read_errors() as e:
         raise DataError(f"{path}: cannot read or decompress: {e}") from e
 
 

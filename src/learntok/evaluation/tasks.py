@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from learntok.boundaries.whitespace import spacelike_table
-from learntok.data import DataError, _open, _read_errors
+from learntok.data import DataError, open_decompressed, read_errors
 from learntok.evaluation.bpb import LN2, BoundaryMode, greedy_decode, score_pairs
 from learntok.evaluation.stats import mean_se
 
@@ -136,7 +136,7 @@ def read_task(name: str, path: str | Path, limit: int = 0) -> list[Example]:
     """The first `limit` (0 = all) examples of a task file; DataError naming file:line for a malformed line."""
     path, kind, out = Path(path), TASKS[name].kind, []
     try:
-        with _open(path) as f:
+        with open_decompressed(path) as f:
             for lineno, line in enumerate(f, start=1):
                 if limit and len(out) >= limit:
                     break
@@ -150,7 +150,7 @@ def read_task(name: str, path: str | Path, limit: int = 0) -> list[Example]:
                 if not isinstance(row, dict):
                     raise DataError(f"{where}: line is a JSON {type(row).__name__}, not an object")
                 out.append(_parse(kind, row, where))
-    except _read_errors() as e:
+    except read_errors() as e:
         raise DataError(f"{path}: cannot read or decompress: {e}") from e
     if not out:
         raise DataError(f"{path}: no examples")
