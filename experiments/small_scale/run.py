@@ -180,11 +180,42 @@ def table(results: dict) -> str:
             diffs.append(f"| {s} | equal {'time' if c == 'time' else 'bytes'} | {len(d)} | {mean_sd(d)} | "
                          f"{mean_sd(g) if len(g) == len(d) else '—'} |")
     lines += diffs if len(diffs) > 3 else []
+    lines += curve_table(results)
     lines += ["", "Mean ± standard deviation over seeds (positive difference: learned is better). val BPB uses one "
               "boundary sample (the paper's protocol); greedy BPB, on the same bytes, boundaries where p > 0.5. "
               "sensitivity = BPB with rate-0 boundaries − BPB with the "
               "model's own; placement = BPB with iid random boundaries at the model's rate − BPB with its own."]
     return "\n".join(lines) + "\n"
+
+
+def curve_table(results: dict) -> list[str]:
+    """Validation BPB along the way of the equal-time arms, at the same bytes (every arm takes the same bytes
+    per step, so the k-th evaluation of each is at the same byte count), averaged over the seeds all have."""
+    curves: dict[str, dict[int, list]] = {}
+    for r in results["arms"]:
+        if r["compare"] == "time":
+            curves.setdefault(r["strategy"], {})[r["seed"]] = r["curve"]
+    if "learned" not in curves or len(curves) < 2:
+        return []
+    seeds = sorted(set.intersection(*(set(c) for c in curves.values())))
+    if not seeds:
+        return []
+    n = min(len(c[s]) for c in curves.values() for s in seeds)
+    others = [s for s in curves if s != "learned"]
+    lines = ["", f"Learning curves of the equal-time arms at the same bytes (val BPB; seeds {seeds}; `end` is "
+             "each arm's final evaluation, after its own bytes):", "",
+             "| bytes | learned | " + " | ".join(f"{s} | {s} − learned" for s in others) + " |",
+             "|---|---|" + "---|---|" * len(others)]
+    for k in range(n):
+        b = statistics.mean(curves["learned"][s][k][0] for s in seeds)
+        lv = [curves["learned"][s][k][1] for s in seeds]
+        same = len({c[s][k][0] for c in curves.values() for s in seeds}) == 1
+        cells = [f"{b / 1e6:.1f} M" if same else f"end (learned {b / 1e6:.1f} M)", mean_sd(lv)]
+        for o in others:
+            ov = [curves[o][s][k][1] for s in seeds]
+            cells += [mean_sd(ov), mean_sd([x - y for x, y in zip(ov, lv)])]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
 
 
 def main() -> None:
