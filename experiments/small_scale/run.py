@@ -190,31 +190,35 @@ def table(results: dict) -> str:
 
 def curve_table(results: dict) -> list[str]:
     """Validation BPB along the way of the equal-time arms, at the same bytes (every arm takes the same bytes
-    per step, so the k-th evaluation of each is at the same byte count), averaged over the seeds all have."""
+    per step, so the k-th evaluation of each is at the same byte count); each baseline is paired with the
+    learned arm of the same seed, over the seeds both have."""
     curves: dict[str, dict[int, list]] = {}
     for r in results["arms"]:
         if r["compare"] == "time":
             curves.setdefault(r["strategy"], {})[r["seed"]] = r["curve"]
-    if "learned" not in curves or len(curves) < 2:
+    learned = curves.pop("learned", {})
+    pairs = {o: sorted(set(c) & set(learned)) for o, c in curves.items()}
+    pairs = {o: seeds for o, seeds in pairs.items() if seeds}
+    if not pairs:
         return []
-    seeds = sorted(set.intersection(*(set(c) for c in curves.values())))
-    if not seeds:
-        return []
-    n = min(len(c[s]) for c in curves.values() for s in seeds)
-    others = [s for s in curves if s != "learned"]
-    lines = ["", f"Learning curves of the equal-time arms at the same bytes (val BPB; seeds {seeds}; `end` is "
-             "each arm's final evaluation, after its own bytes):", "",
-             "| bytes | learned | " + " | ".join(f"{s} | {s} − learned" for s in others) + " |",
-             "|---|---|" + "---|---|" * len(others)]
+    used = sorted(set().union(*pairs.values()))
+    n = min([len(learned[s]) for s in used] + [len(curves[o][s]) for o, seeds in pairs.items() for s in seeds])
+    lines = ["", "Learning curves of the equal-time arms at the same bytes (val BPB, mean ± sd over the seeds "
+             "in brackets; `end` is each arm's final evaluation, after its own bytes):", "",
+             f"| bytes | learned {used} | " + " | ".join(f"{o} {seeds} | {o} − learned" for o, seeds in pairs.items())
+             + " |", "|---|---|" + "---|---|" * len(pairs)]
+    def row(label: str, k: int) -> str:
+        cells = [label, mean_sd([learned[s][k][1] for s in used])]
+        for o, seeds in pairs.items():
+            cells += [mean_sd([curves[o][s][k][1] for s in seeds]),
+                      mean_sd([curves[o][s][k][1] - learned[s][k][1] for s in seeds])]
+        return "| " + " | ".join(cells) + " |"
+
     for k in range(n):
-        b = statistics.mean(curves["learned"][s][k][0] for s in seeds)
-        lv = [curves["learned"][s][k][1] for s in seeds]
-        same = len({c[s][k][0] for c in curves.values() for s in seeds}) == 1
-        cells = [f"{b / 1e6:.1f} M" if same else f"end (learned {b / 1e6:.1f} M)", mean_sd(lv)]
-        for o in others:
-            ov = [curves[o][s][k][1] for s in seeds]
-            cells += [mean_sd(ov), mean_sd([x - y for x, y in zip(ov, lv)])]
-        lines.append("| " + " | ".join(cells) + " |")
+        at = {learned[s][k][0] for s in used} | {curves[o][s][k][0] for o, ss in pairs.items() for s in ss}
+        if len(at) == 1:
+            lines.append(row(f"{at.pop() / 1e6:.1f} M", k))
+    lines.append(row("end", -1))
     return lines
 
 
