@@ -114,19 +114,17 @@ def cmd_final(args, flags: list[str]) -> None:
     path = out / "results.json"
     results = json.loads(path.read_text()) if path.exists() else {"budget": args.budget, "flags": flags,
                                                                   "preset": args.preset, "arms": []}
-    done = {(r["strategy"], r["seed"], r["compare"]) for r in results["arms"]}
+    done = {(r["strategy"], r["seed"], r["compare"]): r for r in results["arms"]}
 
     def record(strategy: str, seed: int, compare: str, **kw) -> dict:
-        key = (strategy, seed, compare)
-        if key in done:
-            res = next(r for r in results["arms"] if (r["strategy"], r["seed"], r["compare"]) == key)
-            run = out / f"{strategy}-{compare}-seed{seed}"
+        run = out / f"{strategy}-{compare}-seed{seed}"
+        res = done.get((strategy, seed, compare))
+        if res is not None:
             if "val_bpb_greedy" not in res and (run / "config.json").exists():  # results from before the column
                 cfg, model = load_run(run)
                 res.update(greedy_bpb(cfg, model, val_sequences(cfg, model)))
                 path.write_text(json.dumps(results, indent=1))
             return res
-        run = out / f"{strategy}-{compare}-seed{seed}"
         res = {"strategy": strategy, "seed": seed, "compare": compare,
                **arm(run, args.data, args.budget, [*flags, "--boundaries", strategy, "--seed", str(seed)],
                    preset=args.preset, **kw)}
@@ -207,6 +205,7 @@ def curve_table(results: dict) -> list[str]:
              "in brackets; `end` is each arm's final evaluation, after its own bytes):", "",
              f"| bytes | learned {used} | " + " | ".join(f"{o} {seeds} | {o} − learned" for o, seeds in pairs.items())
              + " |", "|---|---|" + "---|---|" * len(pairs)]
+
     def row(label: str, k: int) -> str:
         cells = [label, mean_sd([learned[s][k][1] for s in used])]
         for o, seeds in pairs.items():
