@@ -4,7 +4,9 @@ held-out diagnostics, and the wall-clock learning-rate schedule."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -135,3 +137,32 @@ def test_time_scheduled_run_stops_at_its_budget(tmp_path):
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     lrs = [r["lr"] for r in rows if "lr" in r]
     assert lrs[-1] < lrs[0]
+
+
+def _run_script():
+    """experiments/small_scale/run.py as a module (it is a script, not part of the package)."""
+    path = Path(__file__).resolve().parents[1] / "experiments" / "small_scale" / "run.py"
+    spec = importlib.util.spec_from_file_location("small_scale_run", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_curve_table_keeps_rows_a_shorter_baseline_lacks():
+    """A byte count every learned seed reached is a row; a baseline that stopped short (a slower arm) shows a
+    dash there instead of removing the row for everyone; differences pair each baseline with its seed."""
+    def arm(strategy, seed, curve):
+        return {"strategy": strategy, "seed": seed, "compare": "time", "curve": curve}
+
+    M = 1_000_000
+    results = {"arms": [arm("learned", 0, [[1 * M, 3.0], [2 * M, 2.5], [2.5 * M, 2.4]]),
+                        arm("learned", 1, [[1 * M, 3.2], [2 * M, 2.7], [2.6 * M, 2.6]]),
+                        arm("uniform", 0, [[1 * M, 2.9], [2 * M, 2.6], [2.4 * M, 2.5]]),
+                        arm("uniform", 1, [[1 * M, 3.1], [2 * M, 2.8], [2.7 * M, 2.7]]),
+                        arm("hnet", 0, [[1 * M, 2.8], [1.5 * M, 2.7]])]}
+    lines = _run_script().curve_table(results)
+    assert lines[3] == "| bytes | learned [0, 1] | uniform [0, 1] | uniform − learned | hnet [0] | hnet − learned |"
+    rows = [line.strip("| ").split(" | ") for line in lines[5:]]
+    assert rows == [["1.0 M", "3.1000 ± 0.1414", "3.0000 ± 0.1414", "-0.1000 ± 0.0000", "2.8000", "-0.2000"],
+                    ["2.0 M", "2.6000 ± 0.1414", "2.7000 ± 0.1414", "0.1000 ± 0.0000", "—", "—"],
+                    ["end", "2.5000 ± 0.1414", "2.6000 ± 0.1414", "0.1000 ± 0.0000", "2.7000", "0.3000"]]

@@ -188,36 +188,36 @@ def table(results: dict) -> str:
 
 def curve_table(results: dict) -> list[str]:
     """Validation BPB along the way of the equal-time arms, at the same bytes (every arm takes the same bytes
-    per step, so the k-th evaluation of each is at the same byte count); each baseline is paired with the
-    learned arm of the same seed, over the seeds both have."""
-    curves: dict[str, dict[int, list]] = {}
+    per step, so their periodic evaluations fall on the same byte counts); each baseline is paired with the
+    learned arm of the same seed, over the seeds both have. A byte count is a row when every learned seed has
+    it; a baseline whose seeds do not all reach it (a shorter or slower arm) shows a dash there."""
+    curves: dict[str, dict[int, dict[int, float]]] = {}
     for r in results["arms"]:
         if r["compare"] == "time":
-            curves.setdefault(r["strategy"], {})[r["seed"]] = r["curve"]
+            curves.setdefault(r["strategy"], {})[r["seed"]] = dict(r["curve"])
     learned = curves.pop("learned", {})
     pairs = {o: sorted(set(c) & set(learned)) for o, c in curves.items()}
     pairs = {o: seeds for o, seeds in pairs.items() if seeds}
     if not pairs:
         return []
     used = sorted(set().union(*pairs.values()))
-    n = min([len(learned[s]) for s in used] + [len(curves[o][s]) for o, seeds in pairs.items() for s in seeds])
     lines = ["", "Learning curves of the equal-time arms at the same bytes (val BPB, mean ± sd over the seeds "
              "in brackets; `end` is each arm's final evaluation, after its own bytes):", "",
              f"| bytes | learned {used} | " + " | ".join(f"{o} {seeds} | {o} − learned" for o, seeds in pairs.items())
              + " |", "|---|---|" + "---|---|" * len(pairs)]
 
-    def row(label: str, k: int) -> str:
-        cells = [label, mean_sd([learned[s][k][1] for s in used])]
+    def row(label: str, at) -> str:
+        """One table row; `at(curve)` picks the value of a curve, or None where it has none."""
+        cells = [label, mean_sd([at(learned[s]) for s in used])]
         for o, seeds in pairs.items():
-            cells += [mean_sd([curves[o][s][k][1] for s in seeds]),
-                      mean_sd([curves[o][s][k][1] - learned[s][k][1] for s in seeds])]
+            vals = [at(curves[o][s]) for s in seeds]
+            cells += (["—", "—"] if None in vals else
+                      [mean_sd(vals), mean_sd([v - at(learned[s]) for v, s in zip(vals, seeds)])])
         return "| " + " | ".join(cells) + " |"
 
-    for k in range(n):
-        at = {learned[s][k][0] for s in used} | {curves[o][s][k][0] for o, ss in pairs.items() for s in ss}
-        if len(at) == 1:
-            lines.append(row(f"{at.pop() / 1e6:.1f} M", k))
-    lines.append(row("end", -1))
+    for b in sorted(set.intersection(*(set(learned[s]) for s in used))):
+        lines.append(row(f"{b / 1e6:.1f} M", lambda c, b=b: c.get(b)))
+    lines.append(row("end", lambda c: c[max(c)]))
     return lines
 
 
