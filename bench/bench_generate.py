@@ -5,7 +5,8 @@ the full forward pass for every byte.
 
 Without a checkpoint a freshly initialised `tiny`-shaped model is used (speed does not depend on the
 weights, only the boundary rate, which the learned policy starts at its target). The prompt is fed through
-the cache before timing starts; the timed part is decoding `--new` bytes.
+the cache before timing starts; the timed part is decoding `--new` bytes per row with the cache, and
+max(4, new // 8) bytes per row without it (recomputing is slow).
 """
 
 from __future__ import annotations
@@ -15,8 +16,6 @@ import time
 
 import torch
 
-from learntok.config import BoundaryConfig
-from learntok.generate import CachedDecoder
 from learntok.model.lm import ByteLM
 from learntok.presets import tiny
 from learntok.vocab import BOS
@@ -29,12 +28,12 @@ def decode_speed(model, B: int, context: int, new: int, cached: bool) -> float:
     noise = torch.rand(B, context + new, generator=g)
     with torch.no_grad():
         if cached:
-            dec = CachedDecoder(model, B, noise)
+            state = model.init_state(B, noise)
             for t in range(context):
-                dec.step(ids[:, t])
+                model.step(ids[:, t], state)
             t0 = time.perf_counter()
             for t in range(context, context + new):
-                dec.step(ids[:, t])
+                model.step(ids[:, t], state)
         else:
             t0 = time.perf_counter()
             for t in range(context, context + new):
@@ -54,8 +53,9 @@ def main() -> None:
         model = from_pretrained(args.checkpoint)
     else:
         torch.manual_seed(0)
-        model = ByteLM(tiny().model, BoundaryConfig()).eval()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; decoding {args.new} bytes per row")
+        model = ByteLM(tiny().model, tiny().boundary).eval()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; decoding {args.new} bytes per row "
+          f"(recompute: {max(4, args.new // 8)})")
     print(f"{'batch':>5s} {'context':>7s} {'cached B/s':>11s} {'recompute B/s':>14s} {'speed-up':>9s}")
     for B in args.batches:
         for ctx in args.contexts:

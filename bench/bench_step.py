@@ -1,11 +1,11 @@
 """Whole-training-step throughput (bytes/s): forward, both heads, returns, all losses, backward, clip, AdamW.
 
-Configs (method.md §9 gives the authors' code on the same 2-core CPU: ~12 k B/s for the reference tiny config
-with its window-8 policy, ~1.9 k B/s for one 4096-byte sequence):
+Configs (the authors' reference implementation measured on the same 2-core CPU: ~12 k B/s for the reference
+tiny config with its window-8 policy, ~1.9 k B/s for one 4096-byte sequence):
 
     ref-tiny 8x512   d 128, 2 heads, 1/2/1 layers, byte window 64, 8 sequences x 512 bytes
     ref-tiny 1x4096  the same model on 1 x 4096 bytes
-    mid-256          d 256, 4 heads, 2/6/2, window 32, 16 x 1024 bytes (the `small` preset before issue 8)
+    mid-256          d 256, 4 heads, 2/6/2, window 32, 16 x 1024 bytes (an earlier `small` preset)
 
 Each with learned and uniform boundaries, interleaved round by round so machine noise hits both alike; the
 median over rounds is reported, with the learned/uniform ratio and the share of the learned step spent
@@ -24,7 +24,8 @@ import time
 import torch
 
 import learntok.boundaries.learned as learned_mod
-from learntok.config import BoundaryConfig, ModelConfig
+from learntok.boundaries import boundary_config
+from learntok.config import ModelConfig, OptimConfig
 from learntok.model.lm import ByteLM
 from learntok.train import make_optimizer
 from learntok.vocab import BOS
@@ -56,10 +57,9 @@ class Runner:
 
     def __init__(self, mcfg: ModelConfig, strategy: str, B: int, T: int, compile: bool):
         torch.manual_seed(0)
-        self.model = ByteLM(mcfg, BoundaryConfig(boundaries=strategy)).train()
+        self.model = ByteLM(mcfg, boundary_config(strategy)).train()
         self.fwd = torch.compile(self.model) if compile else self.model
-        from learntok.presets import tiny
-        self.opt = make_optimizer(self.model, tiny())
+        self.opt = make_optimizer(self.model, OptimConfig())
         g = torch.Generator().manual_seed(0)
         seq = torch.randint(32, 127, (B, T + 1), generator=g)  # printable ASCII: realistic byte range
         seq[:, 0] = BOS

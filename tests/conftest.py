@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from learntok.config import BoundaryConfig, DataConfig, ModelConfig, TrainConfig
+from learntok.boundaries import boundary_config
+from learntok.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
@@ -21,13 +22,14 @@ def sample_docs() -> list[bytes]:
 
 
 def build_model(strategy: str, run_dir: Path | None = None, model_kw: dict | None = None, **boundary_kw):
-    """A seeded tiny ByteLM in train mode with its strategy prepared on `sample_docs()`."""
+    """A seeded tiny ByteLM in train mode with its strategy prepared on `sample_docs()` (the learned policy
+    conditions on 3 previous boundaries unless told otherwise)."""
     from learntok.model.lm import ByteLM
 
     torch.manual_seed(0)
-    bkw = dict(boundaries=strategy, policy_window=3)
+    bkw = dict(policy_window=3) if strategy == "learned" else {}
     bkw.update(boundary_kw)
-    m = ByteLM(tiny_model(**(model_kw or {})), BoundaryConfig(**bkw))
+    m = ByteLM(tiny_model(**(model_kw or {})), boundary_config(strategy, **bkw))
     docs = sample_docs()
     m.boundary.prepare(docs[:-2], docs[-2:], run_dir)
     return m.train()
@@ -35,14 +37,13 @@ def build_model(strategy: str, run_dir: Path | None = None, model_kw: dict | Non
 
 def prescribed_for(model, ids: torch.Tensor) -> torch.Tensor | None:
     """Flags the data pipeline would attach to input rows `ids` (B,T) (BOS first), or None."""
-    from learntok.boundaries import BoundaryStrategy
-
-    if type(model.boundary).annotate is BoundaryStrategy.annotate:
+    annotate = model.boundary.annotator
+    if annotate is None:
         return None
     rows = []
     for row in ids.tolist():
         data = bytes(b for b in row[1:] if b < 256)
-        flags = [True] + [bool(f) for f in model.boundary.annotate(data)]
+        flags = [True] + [bool(f) for f in annotate(data)]
         rows.append(flags[: len(row)])
     return torch.tensor(rows)
 
@@ -68,11 +69,14 @@ def text_corpus(tmp_path: Path) -> Path:
 
 
 def tiny_train_config(out: Path, data: Path | str, **kw) -> TrainConfig:
+    """A few-step run of a tiny model on `data`; keyword arguments override TrainConfig fields, and `lr` /
+    `warmup_bytes` the optimizer's."""
+    optim = {k: kw.pop(k) for k in ("lr", "warmup_bytes") if k in kw}
     base = dict(
-        out=str(out), model=tiny_model(), boundary=BoundaryConfig(),
-        data_cfg=DataConfig(data=str(data), seq_len=64, val_bytes=64 * 8),
-        batch_size=4, max_steps=6, warmup_bytes=256, lr=3e-3, log_every=1, eval_every=0, ckpt_every=0,
-        progress=False, seed=0,
+        out=str(out), model=tiny_model(), boundary=boundary_config("learned"),
+        data=DataConfig(source=str(data), seq_len=64, val_bytes=64 * 8),
+        optim=OptimConfig(**{"warmup_bytes": 256, "lr": 3e-3, **optim}),
+        batch_size=4, max_steps=6, log_every=1, eval_every=0, ckpt_every=0, progress=False, seed=0,
     )
     base.update(kw)
     return TrainConfig(**base)

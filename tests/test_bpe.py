@@ -17,6 +17,7 @@ from learntok.boundaries.bpe import (  # noqa: E402
     META_FILE,
     TOKENIZER_FILE,
     BPEBoundaries,
+    BPEConfig,
     bpe_boundaries,
     bpe_tokenizer,
     byte_chars,
@@ -27,7 +28,6 @@ from learntok.boundaries.bpe import (  # noqa: E402
     train_tokenizer,
     truncate,
 )
-from learntok.config import BoundaryConfig  # noqa: E402
 
 from .conftest import sample_docs, tiny_train_config  # noqa: E402
 
@@ -50,7 +50,7 @@ def _chain(word: str) -> list[tuple[str, str]]:
 
 
 def _strategy(**kw) -> BPEBoundaries:
-    return BPEBoundaries(BoundaryConfig(boundaries="bpe", **kw), dim=32)
+    return BPEBoundaries(BPEConfig(**kw), dim=32)
 
 
 def _trained():
@@ -226,7 +226,7 @@ def test_tiny_training_run_with_bpe(tmp_path, text_corpus):
     from learntok.train import train
 
     run = tmp_path / "run"
-    cfg = tiny_train_config(run, text_corpus, max_steps=3, boundary=BoundaryConfig(boundaries="bpe"))
+    cfg = tiny_train_config(run, text_corpus, max_steps=3, boundary=BPEConfig())
     res = train(cfg, log=lambda *_: None)
     meta = json.loads((run / META_FILE).read_text())
     assert (run / TOKENIZER_FILE).exists() and meta["vocab_size"] > 256

@@ -142,26 +142,26 @@ def test_stdlib_corpus_split() -> None:
 def test_hash_holdout_and_fallback(tmp_path: Path) -> None:
     path = tmp_path / "docs.jsonl"
     path.write_bytes(_jsonl([{"text": f"document number {i}"} for i in range(400)]))
-    train, val = load_splits(DataConfig(data=str(path), val_fraction=0.1))
+    train, val = load_splits(DataConfig(source=str(path), val_fraction=0.1))
     assert len(train) + len(val) == 400 and 15 < len(val) < 70 and not set(train) & set(val)
-    assert (train, val) == load_splits(DataConfig(data=str(path), val_fraction=0.1))
+    assert (train, val) == load_splits(DataConfig(source=str(path), val_fraction=0.1))
     one = tmp_path / "one.txt"
     one.write_text("single")
     with pytest.raises(DataError, match="too few to hold out"):
-        load_splits(DataConfig(data=str(one), val_fraction=0.0))
+        load_splits(DataConfig(source=str(one), val_fraction=0.0))
     two = tmp_path / "two"
     two.mkdir()
     (two / "a.txt").write_text("first")
     (two / "b.txt").write_text("second")
-    assert load_splits(DataConfig(data=str(two), val_fraction=0.0)) == ([b"first"], [b"second"])
-    assert load_splits(DataConfig(data=str(two / "a.txt"), val_data=str(two / "b.txt"))) == ([b"first"], [b"second"])
+    assert load_splits(DataConfig(source=str(two), val_fraction=0.0)) == ([b"first"], [b"second"])
+    assert load_splits(DataConfig(source=str(two / "a.txt"), val_data=str(two / "b.txt"))) == ([b"first"], [b"second"])
 
 
 def test_train_valid_directory(tmp_path: Path) -> None:
     (tmp_path / "train.jsonl.xz").write_bytes(lzma.compress(_jsonl([{"text": "tr1"}, {"text": "tr2"}])))
     (tmp_path / "valid.jsonl.xz").write_bytes(lzma.compress(_jsonl([{"text": "va1"}])))
     (tmp_path / "test.jsonl.xz").write_bytes(lzma.compress(_jsonl([{"text": "te1"}])))
-    train, val = load_splits(DataConfig(data=str(tmp_path)))
+    train, val = load_splits(DataConfig(source=str(tmp_path)))
     assert (train, val) == ([b"tr1", b"tr2"], [b"va1"])
     assert "train 2 docs / 6 B, val 1 docs / 3 B" in describe(train, val)
 

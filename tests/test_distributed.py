@@ -26,22 +26,22 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world: int, port: int, cfg, resume: bool) -> None:
+def _worker(rank: int, world: int, port: int, cfg) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     torch.set_num_threads(1)
     try:
-        train(cfg, resume=resume, log=lambda *_: None)
+        train(cfg, log=lambda *_: None)
     finally:
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
 
 
-def _run(cfg, world: int, resume: bool = False) -> None:
+def _run(cfg, world: int) -> None:
     if world == 1:
-        train(cfg, resume=resume, log=lambda *_: None)
+        train(cfg, log=lambda *_: None)
         return
-    mp.start_processes(_worker, args=(world, _free_port(), cfg, resume), nprocs=world, join=True, start_method="spawn")
+    mp.start_processes(_worker, args=(world, _free_port(), cfg), nprocs=world, join=True, start_method="spawn")
 
 
 def _weights(run: Path) -> dict[str, torch.Tensor]:
@@ -87,10 +87,10 @@ def test_accumulation_equals_double_batch(tmp_path, cfg):
 
 def test_local_statistics_would_differ(tmp_path, cfg, monkeypatch):
     """The check above can fail: using each micro-batch's own statistics changes the result."""
-    import learntok.train as tr
+    import learntok.train.parallel as parallel
 
     _run(replace(cfg, out=str(tmp_path / "full")), world=1)
-    monkeypatch.setattr(tr.RecordStats, "global_stats", lambda self, d: (lambda s: s))
+    monkeypatch.setattr(parallel.RecordStats, "global_stats", lambda self, d: (lambda s: s))
     _run(replace(cfg, out=str(tmp_path / "local"), micro_batch_size=2), world=1)
     a, b = _weights(tmp_path / "full"), _weights(tmp_path / "local")
     assert max(float((a[k] - b[k]).abs().max()) for k in a) > 1e-4
@@ -108,7 +108,7 @@ def test_two_process_resume_continues_like_uninterrupted(tmp_path, cfg):
     (tmp_path / "part" / "latest").write_text("step_000002\n")
     lines = (tmp_path / "part" / "metrics.jsonl").read_text().splitlines()
     (tmp_path / "part" / "metrics.jsonl").write_text("\n".join(lines[:2]) + "\n")
-    _run(replace(part, resume=str(tmp_path / "part")), world=2, resume=True)
+    _run(replace(part, resume=str(tmp_path / "part")), world=2)
     assert _losses(tmp_path / "part") == _losses(tmp_path / "full")
     _assert_same(_weights(tmp_path / "full"), _weights(tmp_path / "part"), atol=1e-12)
 

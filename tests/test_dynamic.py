@@ -8,13 +8,13 @@ import math
 import pytest
 import torch
 
-from learntok.boundaries.base import distribute_add
 from learntok.boundaries.dynamic import (
     DynamicOutput,
     gumbel_sigmoid_boundaries,
     mean_pool,
     nawrot_dense_weights,
 )
+from learntok.boundaries.pooling import distribute_add
 from learntok.vocab import BOS
 
 from .conftest import build_model
@@ -194,7 +194,7 @@ def test_binomial_prior_matches_reference(tmp_path):
     k, n = (mask & keep).sum(1).float(), keep.sum(1).float()
     lp = torch.distributions.Binomial(total_count=n, probs=torch.tensor(alpha)).log_prob(k)
     torch.testing.assert_close(terms["loss/prior"], -w * (lp / n).mean())
-    torch.testing.assert_close(terms["stats/p_mean"], torch.sigmoid(logits.detach())[keep].mean())
+    torch.testing.assert_close(terms["boundary/p_mean"], torch.sigmoid(logits.detach())[keep].mean())
     (g,) = torch.autograd.grad(terms["loss/prior"], ste)
     dk = torch.digamma(n - k + 1) - torch.digamma(k + 1) + math.log(alpha / (1 - alpha))  # d log pmf / dk
     torch.testing.assert_close(g, (-w * dk / n / B).unsqueeze(1) * keep)

@@ -9,20 +9,19 @@ from pathlib import Path
 import pytest
 import torch
 
-from learntok.boundaries.entropy import (
+from learntok.boundaries.entropy import EntropyBoundaries, EntropyConfig
+from learntok.cli.train import cmd_train_entropy_model
+from learntok.data import ByteSequences, val_batches
+from learntok.entropy_model import (
     CALIB_SEQ_LEN,
     THRESHOLD_FILE,
-    EntropyBoundaries,
     EntropyLM,
     EntropyModelConfig,
     evaluate_bpb,
     heldout_entropies,
     load_entropy_model,
-    main_train_entropy_model,
     train_entropy_model,
 )
-from learntok.config import BoundaryConfig
-from learntok.data import ByteSequences, val_batches
 from learntok.vocab import BOS
 
 from .conftest import sample_docs, tiny_train_config
@@ -39,7 +38,7 @@ def trained(tmp_path_factory) -> Path:
 
 
 def _strategy(model_dir: Path, run_dir: Path | None, **kw) -> EntropyBoundaries:
-    s = EntropyBoundaries(BoundaryConfig(boundaries="entropy", entropy_model=str(model_dir), **kw), 32)
+    s = EntropyBoundaries(EntropyConfig(entropy_model=str(model_dir), **kw), 32)
     s.log = lambda *_: None
     docs = sample_docs()
     s.prepare(docs[:-4], docs[-2:], run_dir)  # the last 2 documents are held out from the entropy model too
@@ -155,12 +154,12 @@ def test_fixed_threshold_and_reuse_of_the_saved_theta(trained, tmp_path):
     assert _strategy(trained, None, entropy_threshold=1e-6).propose(None, ids, noise=None, generator=None).mask.all()
     s = _strategy(trained, tmp_path)
     # Evaluation after training (checkpoint.load_run) prepares without data: theta comes from the run directory.
-    again = EntropyBoundaries(BoundaryConfig(boundaries="entropy", entropy_model=str(trained)), 32)
+    again = EntropyBoundaries(EntropyConfig(entropy_model=str(trained)), 32)
     again.log = lambda *_: None
     again.prepare([], [], tmp_path)
     assert again.theta == s.theta
     with pytest.raises(ValueError, match="calibrate"):
-        EntropyBoundaries(BoundaryConfig(boundaries="entropy", entropy_model=str(trained)), 32).prepare([], [], None)
+        EntropyBoundaries(EntropyConfig(entropy_model=str(trained)), 32).prepare([], [], None)
 
 
 def test_strategy_trains_its_own_model_when_none_is_given(tmp_path):
@@ -182,7 +181,7 @@ def test_tiny_end_to_end_training(trained, tmp_path, text_corpus):
     from learntok.checkpoint import load_run
     from learntok.train import train
 
-    bcfg = BoundaryConfig(boundaries="entropy", entropy_model=str(trained))
+    bcfg = EntropyConfig(entropy_model=str(trained))
     res = train(tiny_train_config(tmp_path / "run", text_corpus, boundary=bcfg, max_steps=3), log=lambda *_: None)
     assert res.steps == 3 and 0 < res.val_rate < 1
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -194,7 +193,7 @@ def test_tiny_end_to_end_training(trained, tmp_path, text_corpus):
 
 def test_cli_trains_and_saves(tmp_path, text_corpus, capsys):
     out = tmp_path / "em"
-    assert main_train_entropy_model(["--data", str(text_corpus), "--out", str(out), "--steps", "2",
+    assert cmd_train_entropy_model(["--data", str(text_corpus), "--out", str(out), "--steps", "2",
                                      "--seq-len", "64", "--batch-size", "2"]) == 0
     assert "validation bpb" in capsys.readouterr().out
     assert load_entropy_model(out).cfg == EntropyModelConfig()

@@ -7,7 +7,7 @@ import itertools
 import pytest
 import torch
 
-from learntok.boundaries.learned import LearnedBoundaries
+from learntok.boundaries.learned import LearnedBoundaries, LearnedConfig
 from learntok.boundaries.reinforce import (
     batch_relative_advantage,
     discounted_returns,
@@ -16,7 +16,6 @@ from learntok.boundaries.reinforce import (
     sample_window_policy,
     window_logits,
 )
-from learntok.config import BoundaryConfig
 
 
 @pytest.mark.parametrize("T,gamma,chunk", [(1, 0.99, 256), (37, 0.9, 8), (600, 0.99, 256), (4096, 0.99, 256),
@@ -122,7 +121,7 @@ def test_biased_estimator_fails_the_same_check():
     assert z.max() > 4.5, z
 
 
-def _policy_losses(cfg: BoundaryConfig):
+def _policy_losses(cfg: LearnedConfig):
     """A policy on random encoder states x (4,20,8) with gradient, its draw and its loss terms on random
     per-byte log-likelihoods: (policy, x, out, logp, logp_early, valid, terms)."""
     torch.manual_seed(0)
@@ -135,7 +134,7 @@ def _policy_losses(cfg: BoundaryConfig):
 
 
 def test_policy_loss_is_minus_logprob_times_advantage():
-    cfg = BoundaryConfig(policy_window=2, lambda_policy=1.0, lambda_target=1.0)
+    cfg = LearnedConfig(policy_window=2, lambda_policy=1.0, lambda_target=1.0)
     pol, x, out, logp, logp_early, valid, terms = _policy_losses(cfg)
     adv = batch_relative_advantage(discounted_returns(logp - logp_early, cfg.gamma), valid)
     keep = out.free
@@ -148,7 +147,7 @@ def test_policy_loss_is_minus_logprob_times_advantage():
 
 def test_rate_targeting_alone_drives_mean_p_to_target():
     torch.manual_seed(0)
-    cfg = BoundaryConfig(policy_window=2, target_rate=0.2, lambda_target=1.0)
+    cfg = LearnedConfig(policy_window=2, target_rate=0.2, lambda_target=1.0)
     pol = LearnedBoundaries(cfg, 16).train()
     with torch.no_grad():
         pol.proj.weight.normal_(0, 0.1)
@@ -161,16 +160,16 @@ def test_rate_targeting_alone_drives_mean_p_to_target():
     for _ in range(300):
         out = pol.propose(x, zeros.long(), noise=None, generator=None)
         terms = pol.losses(out, zeros, zeros, valid)
-        start = float(terms["stats/p_mean"]) if start is None else start
+        start = float(terms["boundary/p_mean"]) if start is None else start
         opt.zero_grad()
         terms["loss/target"].backward()
         opt.step()
     assert abs(start - 0.2) > 0.05
-    assert abs(float(terms["stats/p_mean"]) - 0.2) < 0.01
+    assert abs(float(terms["boundary/p_mean"]) - 0.2) < 0.01
 
 
 def test_value_baseline_is_subtracted_and_trained_on_its_own():
-    cfg = BoundaryConfig(policy_window=0, lambda_policy=1.0, lambda_target=1.0, value_baseline=True)
+    cfg = LearnedConfig(policy_window=0, lambda_policy=1.0, lambda_target=1.0, value_baseline=True)
     pol, x, out, logp, logp_early, valid, terms = _policy_losses(cfg)
     g = discounted_returns(logp - logp_early, cfg.gamma)
     adv = batch_relative_advantage(g - out.value.detach(), valid)

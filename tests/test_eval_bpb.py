@@ -56,10 +56,8 @@ def successor_logits(ids: torch.Tensor) -> torch.Tensor:
 
 
 def heldout_seqs(model=None, seq_len: int = 64) -> ByteSequences:
-    from learntok.evaluation.bpb import annotator
-
     docs = [d[:150] for d in sample_docs()]  # short documents, so packed sequences hold EOS separators
-    return ByteSequences(docs, seq_len, True, annotate=annotator(model) if model is not None else None)
+    return ByteSequences(docs, seq_len, True, annotate=model.boundary.annotator if model is not None else None)
 
 
 def test_uniform_model_is_exactly_8_bits_per_byte():

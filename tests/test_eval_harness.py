@@ -12,14 +12,15 @@ pytest.importorskip("lm_eval", reason="lm-eval is not installed (optional extra:
 
 from lm_eval.api.instance import Instance  # noqa: E402
 
-from learntok.config import BoundaryConfig, DataConfig, TrainConfig  # noqa: E402
+from learntok.boundaries.learned import LearnedConfig  # noqa: E402
+from learntok.config import DataConfig, TrainConfig  # noqa: E402
 from learntok.evaluation.bpb import BoundaryMode, score_pairs  # noqa: E402
 from learntok.evaluation.harness import LearntokLM, text_key  # noqa: E402
 
 from .conftest import build_model, tiny_model  # noqa: E402
 from .test_eval_bpb import patch_logits, successor_logits, uniform_logits  # noqa: E402
 
-CFG = TrainConfig(model=tiny_model(), boundary=BoundaryConfig(policy_window=3), data_cfg=DataConfig(seq_len=64))
+CFG = TrainConfig(model=tiny_model(), boundary=LearnedConfig(policy_window=3), data=DataConfig(seq_len=64))
 
 
 def req(kind: str, *args) -> Instance:

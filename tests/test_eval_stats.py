@@ -58,10 +58,8 @@ def test_boundary_stats_counts():
 
 
 def _seqs(model=None):
-    from learntok.evaluation.bpb import annotator
-
     docs = [d[:300] for d in sample_docs()]
-    return docs, ByteSequences(docs, 64, True, annotate=annotator(model) if model is not None else None)
+    return docs, ByteSequences(docs, 64, True, annotate=model.boundary.annotator if model is not None else None)
 
 
 def test_whitespace_strategy_agrees_exactly_with_whitespace():

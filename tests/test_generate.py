@@ -1,4 +1,4 @@
-"""Cached generation equals the full forward pass, for every strategy with a step()."""
+"""Cached generation (`ByteLM.step`) equals the full forward pass, for every strategy with a step()."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from learntok.boundaries import available, strategy_class
-from learntok.generate import CachedDecoder, generate
+from learntok.generation import generate
 from learntok.vocab import BOS
 
 from .conftest import build_model
@@ -25,10 +25,10 @@ def test_cached_steps_equal_full_forward(strategy, tmp_path):
     noise = torch.rand(B, T, generator=g)
     with torch.no_grad():
         full = m(ids, noise=noise)
-    dec = CachedDecoder(m, B, noise)
+    state = m.init_state(B, noise)
     logits, bounds = [], []
     for t in range(T):
-        lg, a = dec.step(ids[:, t])
+        lg, a = m.step(ids[:, t], state)
         logits.append(lg)
         bounds.append(a)
     assert torch.equal(torch.stack(bounds, 1), full.boundaries.mask)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from learntok.boundaries.base import BoundaryOutput, distribute_add, select
+from learntok.boundaries.base import BoundaryOutput
 from learntok.boundaries.hnet import P_MIN, ema_scan, ema_scan_loop, ratio_loss
+from learntok.boundaries.pooling import distribute_add, select
 from learntok.vocab import BOS
 
 from .conftest import build_model, sample_docs
@@ -178,7 +179,7 @@ def test_ratio_loss_gradient_sign_follows_NF_minus_one(n_bound, tmp_path):
     terms = m.losses(BoundaryOutput(mask=mask, probs=probs, free=free), None, None, valid)
     terms["loss/ratio"].backward()
     F_, G = n_bound / n, (probs.detach()[0, 1:T - 1].sum() - probs.detach()[0, 1 + n_bound]) / n
-    torch.testing.assert_close(terms["stats/p_mean"], G)
+    torch.testing.assert_close(terms["boundary/p_mean"], G)
     torch.testing.assert_close(terms["loss/ratio"].detach(), alpha * ratio_loss(torch.tensor(F_), G, N))
     expect = alpha * N * (N * F_ - 1) / ((N - 1) * n)
     keep = free[0] & valid[0]

@@ -5,11 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from learntok.boundaries import available, strategy_class
-from learntok.boundaries.base import distribute_add, select
-from learntok.config import BoundaryConfig
-from learntok.model.attention import attend, reference_attention
+from learntok.boundaries import available, boundary_config, strategy_class
+from learntok.boundaries.pooling import distribute_add, select
 from learntok.model.lm import ByteLM
+from learntok.nn.attention import attend, reference_attention
 from learntok.vocab import BOS, VOCAB_SIZE
 
 from .conftest import build_model, prescribed_for, tiny_model
@@ -173,8 +172,8 @@ def test_early_exit_loss_trains_encoder_only_for_reward_strategies(strategy, rea
     grads = []
     for lam in (0.0, 0.5):
         torch.manual_seed(0)
-        m = ByteLM(tiny_model(), BoundaryConfig(boundaries=strategy, lambda_early=lam, lambda_policy=0.0,
-                                                 lambda_target=0.0)).train()
+        quiet = {"lambda_policy": 0.0, "lambda_target": 0.0} if strategy == "learned" else {}
+        m = ByteLM(tiny_model(lambda_early=lam), boundary_config(strategy, **quiet)).train()
         m(seq[:, :-1], seq[:, 1:], noise=noise).loss.backward()
         grads.append(m.down[0].mlp.up.weight.grad.clone())
     assert torch.allclose(grads[0], grads[1]) != reaches_encoder
@@ -182,7 +181,7 @@ def test_early_exit_loss_trains_encoder_only_for_reward_strategies(strategy, rea
 
 def test_packed_token_level_equals_padded():
     """The token level runs on real tokens only; on their rows it must equal the padded computation."""
-    from learntok.model.layers import Block, Packing, rope_tables
+    from learntok.nn.layers import Block, Packing, rope_tables
 
     torch.manual_seed(0)
     blk = Block(16, 2, 64, None, 50.0, "eager")

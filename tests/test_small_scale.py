@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from learntok.config import BoundaryConfig, DataConfig, ModelConfig, TrainConfig
+from learntok.boundaries import boundary_config
+from learntok.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
 from learntok.evaluation.diagnostics import boundary_diagnostics
-from learntok.generate import CachedDecoder
 from learntok.train import check_config, lr_at, train
 from learntok.vocab import BOS
 
@@ -60,8 +60,8 @@ def test_mean_pooling_cached_generation_equals_full_forward(strategy, tmp_path):
     noise = torch.rand(B, T, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         full = m(ids, noise=noise)
-    dec = CachedDecoder(m, B, noise)
-    logits = torch.stack([dec.step(ids[:, t])[0] for t in range(T)], 1)
+    state = m.init_state(B, noise)
+    logits = torch.stack([m.step(ids[:, t], state)[0] for t in range(T)], 1)
     torch.testing.assert_close(logits, full.logits, rtol=1e-4, atol=1e-4)
 
 
@@ -69,8 +69,8 @@ def test_mean_pooling_cached_generation_equals_full_forward(strategy, tmp_path):
 def test_mean_pooling_leaves_strategies_with_their_own_pooling_alone(strategy):
     from learntok.boundaries import build_strategy
 
-    assert build_strategy(BoundaryConfig(boundaries="uniform", pooling="mean"), 16).mean_pooling
-    assert not build_strategy(BoundaryConfig(boundaries=strategy, pooling="mean"), 16).mean_pooling
+    assert build_strategy(boundary_config("uniform", pooling="mean"), 16).mean_pooling
+    assert not build_strategy(boundary_config(strategy, pooling="mean"), 16).mean_pooling
 
 
 def test_boundary_override_replaces_the_draw(tmp_path):
@@ -113,29 +113,30 @@ def test_diagnostics_rate0_equals_a_forward_without_boundaries(tmp_path):
     assert d["sensitivity"] != 0.0
 
 
-def _cfg(tmp_path, **kw) -> TrainConfig:
+def _cfg(tmp_path, optim: dict | None = None, **kw) -> TrainConfig:
     return TrainConfig(out=str(tmp_path / "run"), model=ModelConfig(d_model=32, n_heads=2, byte_window=16),
-                       boundary=BoundaryConfig(boundaries="uniform"), data_cfg=DataConfig(seq_len=64),
-                       batch_size=2, warmup_bytes=0, lr=1e-3, progress=False, eval_every=0, **kw)
+                       boundary=boundary_config("uniform"), data=DataConfig(seq_len=64),
+                       optim=OptimConfig(warmup_bytes=0, lr=1e-3, **(optim or {})), batch_size=2, progress=False,
+                       eval_every=0, **kw)
 
 
 def test_time_schedule_decays_over_the_budget(tmp_path):
-    cfg = _cfg(tmp_path, schedule="time", time_budget=100.0, min_lr_ratio=0.1)
-    assert lr_at(cfg, 1e9, 1.0, elapsed=0.0) == pytest.approx(1e-3)
-    assert lr_at(cfg, 1e9, 1.0, elapsed=50.0) == pytest.approx(1e-3 * (0.1 + 0.9 * 0.5))
-    assert lr_at(cfg, 10.0, 1e9, elapsed=100.0) == pytest.approx(1e-4)
-    assert lr_at(cfg, 10.0, 1e9, elapsed=500.0) == pytest.approx(1e-4)
+    cfg = _cfg(tmp_path, optim=dict(schedule="time", min_lr_ratio=0.1), time_budget=100.0)
+    assert lr_at(cfg.optim, 1e9, 1.0, elapsed=0.0, time_budget=100.0) == pytest.approx(1e-3)
+    assert lr_at(cfg.optim, 1e9, 1.0, elapsed=50.0, time_budget=100.0) == pytest.approx(1e-3 * (0.1 + 0.9 * 0.5))
+    assert lr_at(cfg.optim, 10.0, 1e9, elapsed=100.0, time_budget=100.0) == pytest.approx(1e-4)
+    assert lr_at(cfg.optim, 10.0, 1e9, elapsed=500.0, time_budget=100.0) == pytest.approx(1e-4)
     with pytest.raises(ValueError, match="--schedule time needs --time-budget"):
         check_config(dataclasses.replace(cfg, time_budget=0.0))
     check_config(cfg)  # no --max-steps / --max-bytes needed
 
 
 def test_time_scheduled_run_stops_at_its_budget(tmp_path):
-    res = train(_cfg(tmp_path, schedule="time", time_budget=2.0, ckpt_every=0), log=lambda *_: None)
+    res = train(_cfg(tmp_path, optim=dict(schedule="time"), time_budget=2.0, ckpt_every=0), log=lambda *_: None)
     assert 0 < res.steps and res.seconds == pytest.approx(2.0, abs=1.5)
     import json
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    lrs = [r["lr"] for r in rows if "lr" in r]
+    lrs = [r["train/lr"] for r in rows if "train/lr" in r]
     assert lrs[-1] < lrs[0]
 
 

@@ -27,7 +27,7 @@ def test_resume_reproduces_uninterrupted_run_bitwise(tmp_path, text_corpus):
     full = tiny_train_config(tmp_path / "full", text_corpus, max_steps=6)
     train(full, log=lambda *_: None)
     part = tiny_train_config(tmp_path / "part", text_corpus, max_steps=6)
-    import learntok.train as tr
+    import learntok.train.loop as tr
 
     calls = {"n": 0}
     real_next = tr.BatchIterator.next_with_flags
@@ -44,7 +44,7 @@ def test_resume_reproduces_uninterrupted_run_bitwise(tmp_path, text_corpus):
             train(part, log=lambda *_: None)
     finally:
         tr.BatchIterator.next_with_flags = real_next
-    train(replace(part, resume=str(tmp_path / "part")), resume=True, log=lambda *_: None)
+    train(replace(part, resume=str(tmp_path / "part")), log=lambda *_: None)
     a = _losses(tmp_path / "full")
     b = [r for r in _losses(tmp_path / "part") if r[0] > 3]
     assert [r[0] for r in b] == [4, 5, 6]
@@ -59,15 +59,18 @@ def test_two_seeded_runs_are_identical(tmp_path, text_corpus):
 
 
 def test_metrics_and_config_are_written(tmp_path, text_corpus):
-    res = train(tiny_train_config(tmp_path / "r", text_corpus, max_steps=4, eval_every=2), log=lambda *_: None)
+    from learntok.viz.boundary_map import preview_hook
+
+    res = train(tiny_train_config(tmp_path / "r", text_corpus, max_steps=4, eval_every=2), log=lambda *_: None,
+                on_eval=preview_hook)
     rows = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
     train_rows = [r for r in rows if "loss/auto" in r]
     assert [r["step"] for r in train_rows] == [1, 2, 3, 4]
     assert all(r["bytes"] == r["step"] * 4 * 64 for r in train_rows)
     flops = [r["flops"] for r in train_rows]
     assert all(b > a > 0 for a, b in zip(flops, flops[1:]))
-    for key in ("loss/policy", "loss/target", "loss/early", "stats/p_mean", "stats/neg_log_pi", "stats/adv_std",
-                "boundary/rate", "bytes_per_s"):
+    for key in ("loss/policy", "loss/target", "loss/early", "boundary/p_mean", "boundary/neg_log_pi",
+                "reinforce/adv_std", "boundary/rate", "train/bytes_per_s", "train/lr", "train/grad_norm"):
         assert key in train_rows[0]
     assert any("val/bpb" in r for r in rows)
     cfg = json.loads((tmp_path / "r" / "config.json").read_text())
@@ -79,8 +82,9 @@ def test_metrics_and_config_are_written(tmp_path, text_corpus):
 def test_training_on_builtin_data_lowers_validation_bpb(tmp_path):
     """A short real run on this Python's standard library sources."""
     cfg = tiny_train_config(tmp_path / "std", "stdlib", max_steps=40, batch_size=8, lr=5e-3)
-    cfg = replace(cfg, data_cfg=replace(cfg.data_cfg, seq_len=128, val_bytes=128 * 16))
-    before = train(replace(cfg, out=str(tmp_path / "zero"), max_steps=1, lr=1e-9), log=lambda *_: None).val_bpb
+    cfg = replace(cfg, data=replace(cfg.data, seq_len=128, val_bytes=128 * 16))
+    before = train(replace(cfg, out=str(tmp_path / "zero"), max_steps=1, optim=replace(cfg.optim, lr=1e-9)),
+                   log=lambda *_: None).val_bpb
     after = train(cfg, log=lambda *_: None).val_bpb
     assert after < before - 1.0, (before, after)
 
@@ -130,9 +134,10 @@ def test_bad_input_gives_one_line_errors(tmp_path, capsys):
 
 
 def test_unknown_flag_is_rejected(capsys):
-    with pytest.raises(SystemExit) as e:
-        main(["train", "--no-such-flag", "3"])
-    assert e.value.code == 2
+    err = _cli_error(capsys, ["train", "--no-such-flag", "3"])
+    assert "--no-such-flag" in err and len(err.strip().splitlines()) == 1
+    err = _cli_error(capsys, ["train", "--max-steps", "three"])
+    assert "--max-steps" in err and len(err.strip().splitlines()) == 1
 
 
 def test_cli_trains_and_prints_summary(tmp_path, text_corpus, capsys):
@@ -183,10 +188,15 @@ def test_existing_run_is_never_silently_overwritten(tmp_path, text_corpus, capsy
     assert (tmp_path / "r-2" / "metrics.jsonl").exists()
 
 
-def test_max_bytes_on_the_command_line_replaces_the_presets_steps():
-    from learntok.cli import parse_train_args
+def test_a_length_in_bytes_replaces_the_presets_length():
+    from learntok.cli.train import parse_train_args
+    from learntok.presets import tiny
     from learntok.train import total_steps
 
     cfg = parse_train_args(["--preset", "tiny", "--max-bytes", "2e6"])
     assert cfg.max_steps == 0 and total_steps(cfg) == 489  # ceil(2e6 / (8 * 512))
-    assert parse_train_args(["--max-bytes", "2e6", "--max-steps", "7"]).max_steps == 7
+    assert total_steps(parse_train_args(["--max-bytes", "2e6", "--max-steps", "7"])) == 7
+    # the same rule in Python: presets set lengths in bytes, a step count wins when given
+    assert total_steps(tiny()) == 1000
+    assert total_steps(replace(tiny(), max_bytes=2e6)) == 489
+    assert total_steps(replace(tiny(), max_steps=200)) == 200

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from learntok.boundaries import BoundaryOutput, BoundaryStrategy
-from learntok.display import mark_boundaries
+from learntok.boundaries.whitespace import WhitespaceConfig
 from learntok.viz.boundary_map import compute_map
 from learntok.viz.cells import EOS_GLYPH, from_arrays
 from learntok.viz.render import preview_line, render_ansi, render_html
@@ -164,6 +164,7 @@ def test_long_text_is_mapped_in_windows_that_each_start_after_bos():
 class EveryThird(BoundaryStrategy):
     """A prescribed strategy with `annotate` (like BPE guidance): flags at every third byte of the document."""
 
+    config = WhitespaceConfig
     learns_by = "prescribed"
 
     def annotate(self, doc: bytes) -> np.ndarray:
@@ -178,19 +179,19 @@ class EveryThird(BoundaryStrategy):
 
 def test_prescribed_flags_come_from_annotate_over_the_whole_text():
     model = build_model("whitespace")
-    model.boundary = EveryThird()
+    model.boundary = EveryThird(model.bcfg, 32)
     data = bytes(range(97, 97 + 26)) * 2
     bm = compute_map(model, data, window=16)  # windows of 16 bytes: per-window flags would restart the pattern
     assert bm.mask.tolist() == [i % 3 == 0 for i in range(len(data))]
     assert (bm.probs == bm.mask).all()
 
 
-def test_plain_rendering_agrees_with_mark_boundaries():
+def test_plain_rendering_marks_characters_whose_last_byte_is_a_boundary():
     text = "Grüße 東京\n\tx y!"
     data = text.encode()
-    mask = np.arange(len(data)) % 4 == 1
+    mask = np.arange(len(data)) % 4 == 1  # bytes 1, 5, 9, 13, 17: the ends of r, ß, 京 and the space; inside 東
     bm = from_arrays(data, np.full(len(data), 0.5), mask)
-    assert render_ansi(bm, color=False) == mark_boundaries(data, mask.tolist(), color=False)
+    assert render_ansi(bm, color=False) == "G|rü|ße 東|京\u21b5\n\u2192x| y!"
 
 
 def _cube(code: int) -> tuple[int, int, int]:

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
+from learntok.cli.viz import cmd_plot, cmd_report, cmd_show
 from learntok.train import train
-from learntok.viz.commands import cmd_plot, cmd_report, cmd_show
 from learntok.viz.curves import load_metrics, plot_boundaries, plot_bpb
 
 from .conftest import tiny_train_config
@@ -59,7 +59,7 @@ def test_show_writes_html_and_png_with_the_checkpoints_probabilities(run_dir, tm
 def test_show_rejects_bad_input_in_one_line(run_dir, tmp_path):
     with pytest.raises(FileNotFoundError, match="no such file"):
         cmd_show([str(run_dir), "--file", str(tmp_path / "missing.txt")])
-    with pytest.raises(ValueError, match="not allowed with"):
+    with pytest.raises(ValueError, match="not both"):
         cmd_show([str(run_dir), "--text", "a", "--file", "b"])
     with pytest.raises(ValueError, match="empty"):
         cmd_show([str(run_dir), "--text", ""])
@@ -131,7 +131,7 @@ def test_report_says_when_the_data_is_missing(run_dir, tmp_path):
     moved = tmp_path / "moved"
     shutil.copytree(run_dir, moved)
     cfg = json.loads((moved / "config.json").read_text())
-    cfg["data_cfg"]["data"] = str(tmp_path / "gone")
+    cfg["data"]["source"] = str(tmp_path / "gone")
     (moved / "config.json").write_text(json.dumps(cfg))
     page = _report(moved, tmp_path / "r.html")
     assert page.maps == []

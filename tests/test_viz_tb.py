@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from learntok.viz.tb import TensorBoardLogger
+from learntok.train.logs import TensorBoardLogger
 
 
 def test_missing_tensorboard_names_the_extra(tmp_path, monkeypatch):
@@ -26,7 +26,9 @@ def test_scalars_and_boundary_image_are_written(tmp_path):
     rec = {"step": 3, "bytes": 768, "val/bpb": 7.5, "loss/auto": float("nan"), "note": "text", "flag": True}
     assert tb.scalars(3, rec) == 2  # bytes and val/bpb: not step, NaN, strings or booleans
     data = "Grüße 東京\n".encode()
-    tb.boundary_image(3, data, np.linspace(0, 1, len(data)), np.arange(len(data)) % 3 == 0)
+    from learntok.viz import from_arrays, map_image
+
+    tb.image(3, map_image(from_arrays(data, np.linspace(0, 1, len(data)), np.arange(len(data)) % 3 == 0)))
     tb.close()
     acc = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"images": 0, "scalars": 0}).Reload()
     assert sorted(acc.Tags()["scalars"]) == ["bytes", "val/bpb"]
@@ -41,11 +43,12 @@ def test_training_with_tensorboard_logs_scalars_and_maps(tmp_path, text_corpus):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from learntok.train import train
+    from learntok.viz.boundary_map import preview_hook
 
     from .conftest import tiny_train_config
 
     train(tiny_train_config(tmp_path / "r", text_corpus, max_steps=4, eval_every=2, tensorboard=True),
-          log=lambda *_: None)
+          log=lambda *_: None, on_eval=preview_hook)
     acc = EventAccumulator(str(tmp_path / "r" / "tensorboard"))
     acc.Reload()
     assert "loss/auto" in acc.Tags()["scalars"] and "val/bpb" in acc.Tags()["scalars"]

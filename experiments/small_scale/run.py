@@ -1,4 +1,4 @@
-"""Learned tokenization at small scale (issue 8): does the learned policy make boundaries matter, find words, and
+"""Learned tokenization at small scale: does the learned policy make boundaries matter, find words, and
 beat random boundaries within a fixed CPU budget on English Wikipedia?
 
 Final comparison (strategies x seeds at one configuration, equal wall-clock per arm, one training at a time):
@@ -30,7 +30,7 @@ from pathlib import Path
 
 from learntok.checkpoint import load_run
 from learntok.data import ByteSequences, val_batches_with_flags
-from learntok.evaluation.bpb import BoundaryMode, annotator, evaluating, heldout_bpb
+from learntok.evaluation.bpb import BoundaryMode, evaluating, heldout_bpb
 from learntok.evaluation.diagnostics import boundary_diagnostics
 from learntok.evaluation.report import DIAGNOSTIC_BYTES, heldout_documents
 
@@ -38,8 +38,8 @@ from learntok.evaluation.report import DIAGNOSTIC_BYTES, heldout_documents
 def val_sequences(cfg, model) -> ByteSequences:
     """The run's validation split as `learntok eval` reads it, with the strategy's flags."""
     _, docs = heldout_documents(cfg, None, "val")
-    return ByteSequences(docs, cfg.data_cfg.seq_len, cfg.data_cfg.pack, name="validation data",
-                         annotate=annotator(model))
+    return ByteSequences(docs, cfg.data.seq_len, cfg.data.pack, name="validation data",
+                         annotate=model.boundary.annotator)
 
 
 def train_arm(run: Path, data: str, budget: float, flags: list[str], *, preset: str = "small",
@@ -80,7 +80,7 @@ def greedy_bpb(cfg, model, seqs: ByteSequences) -> dict:
         return {}
     bm = BoundaryMode("greedy")
     with evaluating(model, bm):
-        return {"val_bpb_greedy": heldout_bpb(model, seqs, bm, max_bytes=cfg.data_cfg.val_bytes)["bpb"]}
+        return {"val_bpb_greedy": heldout_bpb(model, seqs, bm, max_bytes=cfg.data.val_bytes)["bpb"]}
 
 
 def arm(run: Path, data: str, budget: float, flags: list[str], **kw) -> dict:

@@ -68,9 +68,7 @@ def load_run(path: str | Path, device: str | torch.device = "cpu"):
     """(TrainConfig, ByteLM in eval mode) from a run directory (its latest checkpoint) or a checkpoint
     directory `run/step_NNNNNN`. The strategy is prepared from files saved in the run directory (e.g. a BPE
     tokenizer), so no training data is needed."""
-    import json
-
-    from learntok.config import from_dict
+    from learntok.config import load_json
     from learntok.model.lm import ByteLM
 
     path = Path(path)
@@ -83,11 +81,9 @@ def load_run(path: str | Path, device: str | torch.device = "cpu"):
         ckpt = latest_checkpoint(run_dir)
         if ckpt is None:
             raise FileNotFoundError(f"{path}: the run has no complete checkpoint yet")
-    data = json.loads((run_dir / "config.json").read_text())
-    data.pop("run_info", None)
-    cfg = from_dict(data)
+    cfg = load_json(str(run_dir / "config.json"))
     model = ByteLM(cfg.model, cfg.boundary)
     model.boundary.prepare([], [], run_dir)
     load_checkpoint(ckpt, model)
-    model.seq_len = cfg.data_cfg.seq_len  # the context length it was trained on (used to window long texts)
+    model.seq_len = cfg.data.seq_len  # the context length it was trained on (used to window long texts)
     return cfg, model.to(device).eval()

@@ -1,9 +1,16 @@
-"""Configuration: frozen dataclasses, one per component, and the presets.
+"""Configuration: frozen dataclasses, one per component.
 
-Every field carries an attribute docstring; `tyro` turns them into `learntok train --help`. Field names are
-unique across the nested dataclasses so the command line can spell them without prefixes
-(`--d-model`, `--policy-window`, `--max-steps`). Presets are plain functions returning a `TrainConfig`
-(see `learntok.presets`); the command line only overrides fields.
+    TrainConfig            a whole run: lengths, batching, devices, logging, checkpoints
+      .model  ModelConfig    the U-Net and its loss weights
+      .boundary  <strategy>  the boundary strategy's own options (e.g. LearnedConfig in boundaries/learned.py)
+      .data   DataConfig     where the bytes come from and how they become sequences
+      .optim  OptimConfig    AdamW and the learning-rate schedule
+
+Every field carries an attribute docstring; `tyro` turns them into `learntok train --help`. Leaf names are
+unique across the nested dataclasses so the command line spells them without prefixes (`--d-model`,
+`--policy-window`, `--lr`). Presets are plain functions returning a `TrainConfig` (learntok.presets).
+`to_dict` / `from_dict` are the JSON form of config.json; `from_dict` also reads version-1 configs (the flat
+`BoundaryConfig` of learntok 0.1) and converts them.
 """
 
 from __future__ import annotations
@@ -11,20 +18,25 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Generic, Literal, TypeVar
 
-CONFIG_VERSION = 1
-"""Bumped whenever a field changes meaning; `from_dict` refuses configs from another version."""
+import tyro
+
+from learntok.boundaries import BoundaryConfig, config_class
+from learntok.boundaries.learned import LearnedConfig
+
+CONFIG_VERSION = 2
+"""Bumped whenever a field changes meaning; `from_dict` converts version 1 and refuses others."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
-    """The autoregressive U-Net (method.md §1): byte encoder -> tokens -> byte decoder."""
+    """The autoregressive U-Net (docs/method.md): byte encoder -> tokens -> byte decoder, and its losses."""
 
     d_model: int = 128
     """Width of every stage (d_enc = d_mid = d_dec)."""
     n_heads: int = 2
-    """Attention heads at both levels; d_model must be divisible by it."""
+    """Attention heads at both levels; d_model / n_heads must be even (RoPE)."""
     n_down: int = 1
     """Byte-level encoder layers (sliding-window attention) before the boundaries are drawn."""
     n_mid: int = 2
@@ -42,81 +54,32 @@ class ModelConfig:
     final_softcap: float = 30.0
     """Gemma-2 final-logit soft-cap (both output heads); 0 disables it (the authors' code has it off)."""
     rope_base: float = 10000.0
-    """RoPE base. Token-level positions are the byte indices of the boundary bytes (method.md §8.9)."""
+    """RoPE base. Token-level positions are the byte indices of the boundary bytes."""
     init_std: float = 0.02
-    """Standard deviation of the normal initialisation of matrices and embeddings."""
+    """Standard deviation of the normal initialisation of matrices."""
     attn_backend: Literal["auto", "eager", "sdpa"] = "auto"
     """Attention kernel: eager (pure PyTorch, supports soft-capping), sdpa (PyTorch fused; only without the
     attention soft-cap), auto (sdpa when attn_softcap == 0, else eager)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class BoundaryConfig:
-    """How token boundaries are drawn and, for `learned`, how the policy is trained (method.md §2-3)."""
-
-    boundaries: str = "learned"
-    """Boundary strategy: learned (the paper's score-function policy), uniform (every 1/target_rate bytes);
-    see `learntok.boundaries.REGISTRY` for all."""
-    target_rate: float = 0.2
-    """Target downsampling rate pi_target (boundaries per byte)."""
-    policy_window: int = 8
-    """Previous boundaries the policy conditions on (w in eq. 21); 0 = independent Bernoulli per byte.
-    The authors' code 'window 8' corresponds to 7 here, its 'w = 1' to 0 (method.md §8.1)."""
-    logit_scale: float = 16.0
-    """D in l_scaled = l_raw / D + logit(pi_target)."""
-    logit_softcap: float = 6.0
-    """Soft-cap of the boundary logits in training (c*tanh(l/c)); 0 disables it. None at evaluation."""
-    force_last: bool = False
-    """Also force a boundary at the last byte of every sequence (the authors' code does)."""
-    detach_encoder: bool = False
-    """Stop the policy gradient from flowing into the byte encoder (the paper lets it flow)."""
-    gamma: float = 0.99
-    """Time discount of the returns G_i = sum_j gamma^j R_{i+j+1} (eq. 16)."""
-    normalize_advantage: bool = False
-    """Divide advantages by their batch standard deviation (not in the paper; off by default)."""
-    value_baseline: bool = False
-    """Subtract a learned baseline V(X_t) ~ E[G_t | bytes <= t] (a linear head on the detached encoder state,
-    trained by squared error) from the returns before the batch-relative centring. It does not depend on a_t,
-    so the estimator stays unbiased; it removes the content-driven part of the returns' variance (not in the
-    paper; off by default)."""
-    lambda_policy: float = 1e-2
-    """Weight of the policy (REINFORCE) loss."""
-    lambda_target: float = 1e-2
-    """Weight of the rate-targeting loss mean(l) * sg(mean(p) - pi_target) (eq. 24)."""
     lambda_early: float = 1e-1
-    """Weight of the early-exit head's language-modelling loss."""
+    """Weight of the early-exit head's language-modelling loss (eq. 27)."""
     code_loss_weights: bool = False
     """Weight L_auto by (1 - lambda_early) as the authors' code does, instead of by 1 (eq. 27)."""
-    pooling: Literal["auto", "select", "mean"] = "auto"
-    """Down/upsampling. auto: each strategy's own (select for learned, uniform, whitespace, bpe, entropy; mean
-    pooling for dynamic; EMA dechunking for hnet), as the paper does; select: select + distribute-add for
-    every strategy; mean: a token is the mean of its bytes' encoder states (strategies with their own pooling,
-    dynamic and hnet, keep theirs)."""
-    gumbel_temperature: float = 1.0
-    """dynamic: temperature of the Gumbel-sigmoid relaxation (the paper's port: 1.0; Nawrot's code: 0.5)."""
-    prior_weight: float = 1.0
-    """dynamic: weight of the binomial prior pulling the boundary count toward target_rate (Nawrot: 1)."""
-    ratio_loss_weight: float = 0.03
-    """hnet: weight alpha of H-Net's ratio loss (N = 1/target_rate)."""
-    bpe_vocab_size: int = 0
-    """bpe: vocabulary size of the byte-level BPE tokenizer; 0 = search for the size whose held-out rate is
-    closest to target_rate."""
-    entropy_model: str = ""
-    """entropy: directory of the small byte LM trained by `learntok train-entropy-model`."""
-    entropy_threshold: float = 0.0
-    """entropy: boundary when the next-byte entropy (nats) exceeds this; 0 = calibrate on held-out text so
-    the rate is close to target_rate."""
-    eval_boundaries: Literal["sample", "greedy"] = "sample"
-    """Boundaries at evaluation: one sample with a fixed seed (the paper) or greedy (p > 0.5)."""
+
+    def __post_init__(self) -> None:
+        if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
+            raise ValueError(f"d_model={self.d_model} must split into n_heads={self.n_heads} heads of even size")
+        if min(self.n_down, self.n_up) < 1 or self.n_mid < 0 or self.byte_window < 1:
+            raise ValueError("n_down and n_up must be >= 1, n_mid >= 0 and byte_window >= 1")
 
 
 @dataclass(frozen=True, kw_only=True)
 class DataConfig:
     """Where the bytes come from and how documents become fixed-length sequences."""
 
-    data: str = "stdlib"
+    source: Annotated[str, tyro.conf.arg(name="data")] = "stdlib"
     """Training data: 'stdlib' (this Python's standard-library sources), a file, directory or glob of
-    .txt/.jsonl/.parquet (optionally .gz/.xz/.zst), or hf:NAME for a locally cached Hugging Face dataset."""
+    .txt/.md/.py/.jsonl/.parquet (optionally .gz/.xz/.zst), or hf:NAME[:SPLIT] for a local Hugging Face
+    dataset."""
     val_data: str | None = None
     """Validation data (same spellings). Default: a split of --data (its valid file, or a hash split)."""
     text_field: str = "text"
@@ -133,12 +96,47 @@ class DataConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
-class TrainConfig:
+class OptimConfig:
+    """AdamW and the learning-rate schedule: linear warm-up, then cosine decay."""
+
+    lr: float = 3e-3
+    """Peak learning rate."""
+    min_lr_ratio: float = 0.1
+    """Final learning rate as a fraction of --lr at the end of the cosine."""
+    warmup_bytes: float = 0.0
+    """Linear warm-up length in bytes."""
+    schedule: Literal["bytes", "time"] = "bytes"
+    """What the cosine runs over: bytes (to --max-steps/--max-bytes; reproducible), or time (elapsed /
+    --time-budget: every run decays fully within its wall-clock budget, for equal-time comparisons;
+    --max-steps/--max-bytes then only cap the run; not bit-reproducible). Warm-up is in bytes."""
+    weight_decay: float = 0.1
+    """AdamW weight decay on matrices (not on norms, biases or the byte embedding)."""
+    beta1: float = 0.9
+    """AdamW beta1."""
+    beta2: float = 0.999
+    """AdamW beta2 (paper: 0.999)."""
+    grad_clip: float = 1.0
+    """Global gradient-norm clipping threshold; 0 disables it."""
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0 or self.weight_decay < 0 or self.grad_clip < 0 or self.warmup_bytes < 0:
+            raise ValueError(f"lr must be > 0 and weight_decay, grad_clip, warmup_bytes >= 0 "
+                             f"(got lr={self.lr}, weight_decay={self.weight_decay}, grad_clip={self.grad_clip}, "
+                             f"warmup_bytes={self.warmup_bytes})")
+
+
+B = TypeVar("B", bound=BoundaryConfig)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig(Generic[B]):
     """A whole training run."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
-    boundary: BoundaryConfig = field(default_factory=BoundaryConfig)
-    data_cfg: DataConfig = field(default_factory=DataConfig)
+    boundary: B = field(default_factory=LearnedConfig)  # pyright: ignore
+    """The boundary strategy's options; --boundaries NAME picks the strategy (and which options exist)."""
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
     preset: str = "tiny"
     """Preset to start from: tiny, small, paper-147m, paper-90m-code, paper-aspect-N (other flags override)."""
     resume: str = ""
@@ -148,35 +146,15 @@ class TrainConfig:
     out: str = "runs/tiny"
     """Run directory: config.json, metrics.jsonl, checkpoints."""
     batch_size: int = 8
-    """Sequences per optimizer update (the effective batch)."""
+    """Sequences per optimizer update (the global batch, over all processes)."""
     micro_batch_size: int = 0
-    """Sequences per forward pass; batch_size must be a multiple. 0 = batch_size (no accumulation)."""
+    """Sequences per forward pass in each process; 0 = the whole per-process batch (no accumulation)."""
     max_steps: int = 0
-    """Optimizer updates to train for; 0 = derive from --max-bytes."""
+    """Optimizer updates to train for; when given (> 0) it overrides --max-bytes."""
     max_bytes: float = 0.0
-    """Training length in bytes (used when max_steps is 0; on the command line --max-bytes alone replaces the
-    preset's --max-steps)."""
+    """Training length in bytes (used when max_steps is 0)."""
     time_budget: float = 0.0
-    """Stop training after this many seconds of wall-clock (0 = no limit); the schedule is still set by
-    --max-steps/--max-bytes."""
-    schedule: Literal["bytes", "time"] = "bytes"
-    """What the cosine learning-rate decay runs over: bytes (to --max-steps/--max-bytes; reproducible), or
-    time (elapsed / --time-budget: every run decays fully within its wall-clock budget, for equal-time
-    comparisons; --max-steps/--max-bytes then only cap the run; not bit-reproducible). Warm-up is in bytes."""
-    warmup_bytes: float = 0.0
-    """Linear learning-rate warm-up length in bytes, then cosine decay to min_lr_ratio * lr."""
-    lr: float = 3e-3
-    """Peak learning rate (AdamW)."""
-    min_lr_ratio: float = 0.1
-    """Final learning rate as a fraction of --lr at the end of the cosine."""
-    weight_decay: float = 0.1
-    """AdamW weight decay on matrices (not on norms, biases or embeddings)."""
-    beta1: float = 0.9
-    """AdamW beta1."""
-    beta2: float = 0.999
-    """AdamW beta2 (paper: 0.999)."""
-    grad_clip: float = 1.0
-    """Global gradient-norm clipping threshold; 0 disables it."""
+    """Stop training after this many seconds of training time (0 = no limit)."""
     seed: int = 0
     """Seed for initialisation, data order and boundary sampling."""
     device: str = "auto"
@@ -201,38 +179,75 @@ class TrainConfig:
     'learntok[tensorboard]')."""
 
 
-def to_dict(cfg: Any) -> dict:
-    """A JSON-ready dict of a (nested) config, with the config version."""
+def to_dict(cfg: TrainConfig) -> dict:
+    """A JSON-ready dict of a TrainConfig, with the config version."""
     d = dataclasses.asdict(cfg)
     d["config_version"] = CONFIG_VERSION
     return d
 
 
-def _build(cls: type, d: dict, where: str) -> Any:
-    names = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(d) - set(names))
+def build(cls: type, d: dict, where: str) -> Any:
+    """Instantiate dataclass `cls` from a dict; an unknown key is an error naming it."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - names)
     if unknown:
         raise ValueError(f"unknown config key(s) in {where}: {', '.join(unknown)}")
-    kwargs = {}
-    for k, v in d.items():
-        sub = _NESTED.get((cls, k))
-        kwargs[k] = _build(sub, v, f"{where}.{k}") if sub is not None else v
-    return cls(**kwargs)
+    return cls(**d)
 
 
-_NESTED = {(TrainConfig, "model"): ModelConfig, (TrainConfig, "boundary"): BoundaryConfig,
-           (TrainConfig, "data_cfg"): DataConfig}
+def boundary_from_dict(d: dict, where: str = "boundary") -> BoundaryConfig:
+    """A strategy's options from their dict; `boundaries` names the strategy."""
+    if "boundaries" not in d:
+        raise ValueError(f"{where}: no 'boundaries' key naming the strategy")
+    return build(config_class(d["boundaries"]), d, where)
+
+
+_SECTIONS = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig}
 
 
 def from_dict(d: dict) -> TrainConfig:
-    """Rebuild a TrainConfig; unknown keys or another config version are errors, never silently dropped."""
+    """Rebuild a TrainConfig; unknown keys or an unknown config version are errors, never silently dropped."""
     d = dict(d)
     version = d.pop("config_version", None)
-    if version != CONFIG_VERSION:
-        raise ValueError(f"config version {version} is not supported (this learntok reads version {CONFIG_VERSION})")
-    return _build(TrainConfig, d, "config")
+    if version == 1:
+        d = upgrade_v1(d)
+    elif version != CONFIG_VERSION:
+        raise ValueError(f"config version {version} is not supported (this learntok reads versions 1 and "
+                         f"{CONFIG_VERSION})")
+    kw = {k: build(cls, d.pop(k), f"config.{k}") for k, cls in _SECTIONS.items() if k in d}
+    if "boundary" in d:
+        kw["boundary"] = boundary_from_dict(d.pop("boundary"), "config.boundary")
+    return build(TrainConfig, {**d, **kw}, "config")
+
+
+_V1_OPTIM = ("lr", "min_lr_ratio", "warmup_bytes", "schedule", "weight_decay", "beta1", "beta2", "grad_clip")
+_V1_MODEL = ("lambda_early", "code_loss_weights")
+
+
+def upgrade_v1(d: dict) -> dict:
+    """Version 1 (learntok 0.1: one flat BoundaryConfig, `data_cfg`, optimizer fields on TrainConfig) -> 2.
+
+    Options move to where they live now; options of other strategies, which the run's strategy never read,
+    are dropped (so the conversion changes nothing the run did)."""
+    d = dict(d)
+    boundary = dict(d.pop("boundary", {}))
+    model = dict(d.pop("model", {}))
+    for k in _V1_MODEL:
+        if k in boundary:
+            model[k] = boundary.pop(k)
+    cls = config_class(boundary.get("boundaries", "learned"))
+    own = {f.name for f in dataclasses.fields(cls)}
+    data = dict(d.pop("data_cfg", {}))
+    if "data" in data:
+        data["source"] = data.pop("data")
+    return {**{k: v for k, v in d.items() if k not in _V1_OPTIM}, "model": model, "data": data,
+            "optim": {k: d[k] for k in _V1_OPTIM if k in d},
+            "boundary": {k: v for k, v in boundary.items() if k in own}}
 
 
 def load_json(path: str) -> TrainConfig:
+    """A TrainConfig from a run's config.json (its `run_info` provenance is ignored)."""
     with open(path) as f:
-        return from_dict(json.load(f))
+        d = json.load(f)
+    d.pop("run_info", None)
+    return from_dict(d)

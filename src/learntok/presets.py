@@ -3,7 +3,7 @@
 | preset          | what it is                                                                  |
 |-----------------|-----------------------------------------------------------------------------|
 | tiny            | the CPU demo: a few minutes on 2 cores, on the built-in data                |
-| small           | 20 minutes on 2 CPU cores where learned boundaries matter (issue 8)         |
+| small           | 20 minutes on 2 CPU cores where learned boundaries matter (docs/results.md) |
 | paper-147m      | paper Table 2, FineWeb column (d 768, 4/12/4, 128 x 4096 B, 6e9 bytes)      |
 | paper-90m-code  | paper Table 2, CodeParrot column (d 768, 4/6/4, 3.4e9 bytes)                |
 | paper-aspect-N  | paper Table 2, aspect-ratio column: d 512, 4/N/4, rate 1/N (default N = 5)  |
@@ -14,14 +14,16 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from learntok.config import BoundaryConfig, DataConfig, ModelConfig, TrainConfig
+from learntok.boundaries.learned import LearnedConfig
+from learntok.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
 
-SMALL_SCALE_POLICY = BoundaryConfig(gamma=0.9, normalize_advantage=True, detach_encoder=True, policy_window=0,
-                                    logit_scale=2.0, pooling="mean")
+SMALL_SCALE_POLICY = LearnedConfig(gamma=0.9, normalize_advantage=True, detach_encoder=True, policy_window=0,
+                                   logit_scale=2.0, pooling="mean")
 """The settings that make the policy learn within minutes on a CPU (experiments/small_scale/SCREENING.md): a
 shorter return horizon, advantages in units of their spread, no policy gradient into the encoder (dynamic's
 predictor is detached too), independent decisions, logits that move 8x faster than the paper's D = 16, and
-tokens that are the mean of their bytes (for every select-based strategy, baselines included)."""
+tokens that are the mean of their bytes (for every select-based strategy, baselines included). gamma < 1,
+normalised advantages and the detached encoder each bias the policy gradient (docs/method.md)."""
 
 SMALL_SCALE_MODEL = ModelConfig(d_model=128, n_heads=2, n_down=1, n_mid=3, n_up=1, byte_window=8)
 """A byte window of 8 with 3 token-level layers: context beyond 8 bytes has to pass through the tokens."""
@@ -34,8 +36,9 @@ def tiny() -> TrainConfig:
         preset="tiny", out="runs/tiny",
         model=SMALL_SCALE_MODEL,
         boundary=SMALL_SCALE_POLICY,
-        data_cfg=DataConfig(seq_len=512),
-        batch_size=8, max_steps=1000, warmup_bytes=2e5, lr=3e-3,
+        data=DataConfig(seq_len=512),
+        optim=OptimConfig(warmup_bytes=2e5, lr=3e-3),
+        batch_size=8, max_bytes=1000 * 8 * 512,
         eval_every=250, ckpt_every=250, log_every=10,
     )
 
@@ -48,8 +51,9 @@ def small() -> TrainConfig:
         preset="small", out="runs/small",
         model=SMALL_SCALE_MODEL,
         boundary=SMALL_SCALE_POLICY,
-        data_cfg=DataConfig(seq_len=512),
-        batch_size=8, max_bytes=2.4e7, warmup_bytes=2e5, lr=3e-3,
+        data=DataConfig(seq_len=512),
+        optim=OptimConfig(warmup_bytes=2e5, lr=3e-3),
+        batch_size=8, max_bytes=2.4e7,
         eval_every=500, ckpt_every=500,
     )
 
@@ -61,9 +65,10 @@ def _paper(name: str, *, d: int, heads: int, mid: int, lr: float, batch: int, wa
     return TrainConfig(
         preset=name, out=f"runs/{name}",
         model=ModelConfig(d_model=d, n_heads=heads, n_down=4, n_mid=mid, n_up=4, byte_window=64),
-        boundary=BoundaryConfig(target_rate=rate),
-        data_cfg=DataConfig(seq_len=4096, pack=False, val_bytes=4096 * 256),
-        batch_size=batch, max_bytes=total, warmup_bytes=warmup, lr=lr, min_lr_ratio=0.0,
+        boundary=LearnedConfig(target_rate=rate),
+        data=DataConfig(seq_len=4096, pack=False, val_bytes=4096 * 256),
+        optim=OptimConfig(warmup_bytes=warmup, lr=lr, min_lr_ratio=0.0),
+        batch_size=batch, max_bytes=total,
         eval_every=500, ckpt_every=500, log_every=10,
     )
 

@@ -19,7 +19,8 @@ import torch
 from safetensors.torch import load_file, save_model
 
 from learntok import __version__
-from learntok.config import CONFIG_VERSION, BoundaryConfig, ModelConfig, _build
+from learntok.boundaries import BoundaryConfig
+from learntok.config import CONFIG_VERSION, ModelConfig, boundary_from_dict, build, upgrade_v1
 
 FORMAT = "learntok-pretrained"
 FORMAT_VERSION = 1
@@ -52,11 +53,14 @@ def read_config(path: Path) -> tuple[ModelConfig, BoundaryConfig, int]:
     d = json.loads(cfg_path.read_text())
     if d.get("format") != FORMAT:
         raise ValueError(f"{cfg_path}: not a learntok pretrained config (export a run with `learntok export`)")
-    if d.get("format_version") != FORMAT_VERSION or d.get("config_version") != CONFIG_VERSION:
+    if d.get("format_version") != FORMAT_VERSION or d.get("config_version") not in (1, CONFIG_VERSION):
         raise ValueError(f"{cfg_path}: format {d.get('format_version')} / config {d.get('config_version')} is not "
-                         f"supported (this learntok reads {FORMAT_VERSION} / {CONFIG_VERSION})")
-    return (_build(ModelConfig, d["model"], "model"), _build(BoundaryConfig, d["boundary"], "boundary"),
-            int(d["seq_len"]))
+                         f"supported (this learntok reads {FORMAT_VERSION} / 1 and {CONFIG_VERSION})")
+    sections = {"model": d["model"], "boundary": d["boundary"]}
+    if d["config_version"] == 1:
+        sections = upgrade_v1(sections)
+    return (build(ModelConfig, sections["model"], f"{cfg_path}: model"),
+            boundary_from_dict(sections["boundary"], f"{cfg_path}: boundary"), int(d["seq_len"]))
 
 
 def from_pretrained(path: str | Path, device: str | torch.device = "cpu"):
@@ -91,4 +95,4 @@ def export_run(run_dir: str | Path, out_dir: str | Path) -> Path:
     from learntok.checkpoint import load_run
 
     cfg, model = load_run(run_dir)
-    return save_pretrained(model, out_dir, seq_len=cfg.data_cfg.seq_len, source_dir=run_dir)
+    return save_pretrained(model, out_dir, seq_len=cfg.data.seq_len, source_dir=run_dir)

@@ -55,9 +55,8 @@ class Segmenter:
             ids = torch.tensor([[BOS, *chunk]])
             noise = torch.full(ids.shape, 0.5) if self.greedy else torch.rand(ids.shape, generator=gen)
             prescribed = None
-            ann = self.model.boundary.annotate(chunk)
-            if ann is not None:
-                prescribed = torch.tensor([[True, *map(bool, ann)]])
+            if self.model.boundary.annotator is not None:
+                prescribed = torch.tensor([[True, *map(bool, self.model.boundary.annotator(chunk))]])
             out = self.model(ids, noise=noise, prescribed=prescribed)
             mask = out.boundaries.mask[0, 1:].tolist()  # flag of position i+1 = text byte i
             mask[0] = True  # a window always starts a segment

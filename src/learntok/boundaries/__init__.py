@@ -1,15 +1,16 @@
-"""Boundary strategies. A new strategy is one module plus one entry in REGISTRY.
+"""Boundary strategies. A new strategy is one module plus one entry in REGISTRY (docs/extending.md).
 
-Entries are "module:Class" strings imported on first use, so a strategy's optional dependencies (e.g. the
-`tokenizers` library for BPE) are only needed when it is selected.
+Entries are "module:Class" strings imported on first use, so a strategy's optional dependencies are only
+needed when it is selected. Each class names the dataclass of its options in `config`.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 
-from learntok.boundaries.base import BoundaryOutput, BoundaryStrategy, Tokens
-from learntok.config import BoundaryConfig
+from learntok.boundaries.base import BoundaryConfig, BoundaryOutput, BoundaryStrategy
+from learntok.boundaries.pooling import Tokens
 
 REGISTRY: dict[str, str] = {
     "learned": "learntok.boundaries.learned:LearnedBoundaries",
@@ -31,24 +32,25 @@ def strategy_class(name: str) -> type[BoundaryStrategy]:
     return getattr(importlib.import_module(module), cls)
 
 
+def config_class(name: str) -> type[BoundaryConfig]:
+    """The dataclass of the options of strategy `name`."""
+    return strategy_class(name).config
+
+
+def boundary_config(name: str, **options) -> BoundaryConfig:
+    """The options of strategy `name` (defaults, overridden by `options`)."""
+    return config_class(name)(boundaries=name, **options)
+
+
 def available() -> list[str]:
     """Registered strategies whose module exists in this installation."""
-    names = []
-    for name, target in REGISTRY.items():
-        if importlib.util.find_spec(target.split(":")[0]) is not None:
-            names.append(name)
-    return names
+    return [name for name, target in REGISTRY.items() if importlib.util.find_spec(target.split(":")[0]) is not None]
 
 
 def build_strategy(cfg: BoundaryConfig, dim: int) -> BoundaryStrategy:
-    """Instantiate the strategy named by `cfg.boundaries`. `cfg.pooling == "mean"` switches strategies that use
-    the default select pooling to mean pooling; strategies with their own pooling (dynamic, hnet) keep it."""
-    cls = strategy_class(cfg.boundaries)
-    strategy = cls(cfg, dim)
-    own = cls.downsample is not BoundaryStrategy.downsample or cls.upsample is not BoundaryStrategy.upsample
-    strategy.mean_pooling = cfg.pooling == "mean" and not own
-    return strategy
+    """Instantiate the strategy that `cfg` configures, for encoder width `dim`."""
+    return strategy_class(cfg.boundaries)(cfg, dim)
 
 
-__all__ = ["REGISTRY", "BoundaryOutput", "BoundaryStrategy", "Tokens", "available", "build_strategy",
-           "strategy_class"]
+__all__ = ["REGISTRY", "BoundaryConfig", "BoundaryOutput", "BoundaryStrategy", "Tokens", "available",
+           "boundary_config", "build_strategy", "config_class", "strategy_class"]

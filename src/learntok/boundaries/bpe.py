@@ -1,4 +1,4 @@
-"""BPE guidance (paper §4.3 and App. D.1; method.md §5; baselines.md §2d): prescribed boundaries at the first byte
+"""BPE guidance (paper §4.3 and App. D.1; docs/baselines.md): prescribed boundaries at the first byte
 of every byte-level BPE token.
 
 The paper draws a boundary at the last byte of each BPE token and shifts it right by one byte, so a boundary is
@@ -7,7 +7,7 @@ document's first (whose start is the BOS / EOS position before it, which the dat
 example writes the space as `_`: "hello tokenization" = hello | Ġtoken | ization gives
     0 0 0 0 0 1 0 0 0 0 0 1 0 0 0 0 0 0.
 
-The shift does not remove every lookahead (baselines.md §2d). When merges conflict, whether a token starts at byte t
+The shift does not remove every lookahead. When merges conflict, whether a token starts at byte t
 can depend on bytes after t: with merge "b c" ranked above "a b", "abc" = a|bc but "abd" = ab|d, so the flag at "b"
 tells whether "c" follows. Hence exactly_causal = False; `lookahead_leak_rate` measures how often it happens.
 
@@ -39,6 +39,7 @@ import re
 import time
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import ClassVar
@@ -46,8 +47,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from learntok.boundaries.base import BoundaryOutput, BoundaryStrategy
-from learntok.config import BoundaryConfig
+from learntok.boundaries.base import BoundaryConfig, BoundaryOutput, BoundaryStrategy
 
 try:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -257,6 +257,25 @@ def lookahead_leak_rate(tokenizer: Tokenizer, docs: Sequence[bytes], max_bytes: 
             "shifted_missed": missed / d, "bytes": float(n_bytes), "flag_rate": flags / d, "midchar": mid / d}
 
 
+@dataclass(frozen=True, kw_only=True)
+class BPEConfig(BoundaryConfig):
+    """Options of `--boundaries bpe` (BPE guidance)."""
+
+    boundaries: str = "bpe"
+    target_rate: float = 0.2
+    """Boundaries per byte the vocabulary search aims at (when bpe_vocab_size is 0)."""
+    bpe_vocab_size: int = 0
+    """Vocabulary size of the byte-level BPE tokenizer; 0 = search for the size whose held-out rate is closest
+    to target_rate."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.bpe_vocab_size and self.bpe_vocab_size < 256:
+            raise ValueError(f"bpe_vocab_size must be 0 (search) or at least 256, got {self.bpe_vocab_size}")
+        if not 0 < self.target_rate < 1:
+            raise ValueError(f"target_rate must be in (0, 1), got {self.target_rate}")
+
+
 def _sample(docs: Sequence[bytes], max_bytes: int, seed: int) -> list[str]:
     """Whole documents in a seeded random order up to `max_bytes` (the last one cut), as text; all if they fit."""
     if sum(len(d) for d in docs) > max_bytes:
@@ -277,6 +296,7 @@ class BPEBoundaries(BoundaryStrategy):
     prepare() trains the tokenizer (or reloads run_dir/bpe_tokenizer.json); annotate() gives the shifted flags of one
     document to the data pipeline, which hands them to propose() as `prescribed`."""
 
+    config = BPEConfig
     learns_by = "prescribed"
     exactly_causal = False
     max_train_bytes: ClassVar[int] = 8_000_000
@@ -284,10 +304,8 @@ class BPEBoundaries(BoundaryStrategy):
     max_eval_bytes: ClassVar[int] = 1_000_000
     """Held-out text used to measure the rate."""
 
-    def __init__(self, cfg: BoundaryConfig, dim: int):
-        super().__init__()
-        if cfg.bpe_vocab_size and cfg.bpe_vocab_size < 256:
-            raise ValueError(f"bpe_vocab_size must be 0 (search) or at least 256, got {cfg.bpe_vocab_size}")
+    def __init__(self, cfg: BPEConfig, dim: int):
+        super().__init__(cfg, dim)
         self.target_rate, self.requested_vocab = cfg.target_rate, cfg.bpe_vocab_size
         self.tokenizer: Tokenizer | None = None
         self.vocab_size, self.rate = 0, math.nan

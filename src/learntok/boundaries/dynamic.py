@@ -1,5 +1,5 @@
 """Dynamic token pooling (Nawrot, Chorowski, Łańcucki & Ponti 2023): a Gumbel-sigmoid straight-through
-boundary predictor with mean pooling (baselines.md §2b).
+boundary predictor with mean pooling (docs/baselines.md).
 
     l_t  = W_2 ReLU(W_1 RMSNorm(X_t) + b_1) + b_2                    (the paper's port: d -> d -> 1, ReLU)
     s_t  = sigmoid((l_t + log u_t - log(1 - u_t)) / tau)             (Gumbel-sigmoid, u_t ~ U(0,1))
@@ -13,7 +13,7 @@ Bytes after the last boundary form an unfinished group that no byte reads, so it
 too). Reading token sum_{i<=t} b_i instead (the paper port's first upsampler: the null group removed without
 re-indexing) hands byte t the group after its own, which holds future bytes: a leak (tests/test_dynamic.py).
 
-The LM loss reaches the predictor only through the pooling weights (baselines.md §2b). Nawrot builds dense
+The LM loss reaches the predictor only through the pooling weights. Nawrot builds dense
 B x T x M matrices with entry 1 - (s - g_t) at s = g_t, g_t from the cumsum of b~, normalised over the group.
 The entry depends on (t, s) only through the one-hot of g(t), so it factorises into a hard slot g(t) and a
 per-byte weight w_t = 1 + g_t - sg(g_t) (forward exactly 1); `mean_pool` is that scatter in O(B T D) memory
@@ -33,16 +33,28 @@ import torch.nn as nn
 from learntok.boundaries.base import (
     BoundaryOutput,
     BoundaryStrategy,
-    Tokens,
+    SampledConfig,
     boundary_uniforms,
-    distribute_add,
     forced_positions,
-    mean_pool,
-    running_group_mean,
-    select,
 )
-from learntok.config import BoundaryConfig
-from learntok.model.layers import RMSNorm
+from learntok.boundaries.pooling import Tokens, distribute_add, mean_pool, select
+from learntok.nn.layers import RMSNorm
+
+
+@dataclass(frozen=True, kw_only=True)
+class DynamicConfig(SampledConfig):
+    """Options of `--boundaries dynamic` (Nawrot et al.'s dynamic token pooling, as the paper ported it)."""
+
+    boundaries: str = "dynamic"
+    gumbel_temperature: float = 1.0
+    """Temperature of the Gumbel-sigmoid relaxation (the paper's port: 1.0; Nawrot's code: 0.5)."""
+    prior_weight: float = 1.0
+    """Weight of the binomial prior pulling the boundary count toward target_rate (Nawrot: 1)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.gumbel_temperature <= 0:
+            raise ValueError(f"gumbel_temperature must be > 0, got {self.gumbel_temperature}")
 
 
 @dataclass
@@ -82,7 +94,7 @@ def nawrot_dense_weights(ste: torch.Tensor, M: int, upsample: bool) -> torch.Ten
 
 
 class DynamicPooling(BoundaryStrategy):
-    """Nawrot et al.'s dynamic token pooling as the paper ported it (baselines.md §2b).
+    """Nawrot et al.'s dynamic token pooling as the paper ported it.
 
     Training: one Gumbel-sigmoid sample per byte from `noise` (tests) or `generator`. Evaluation: the same
     hard rule with u drawn from the given generator (the evaluation's fixed seed), or u = 0.5, i.e.
@@ -96,18 +108,20 @@ class DynamicPooling(BoundaryStrategy):
     prior, which is normalised per sequence by its n rather than by T.
     """
 
+    config = DynamicConfig
     learns_by = "straight_through"
+    own_pooling = True
+    has_step = True
 
-    def __init__(self, cfg: BoundaryConfig, dim: int):
-        super().__init__()
-        if not 0 < cfg.target_rate < 1:
-            raise ValueError(f"target_rate must be in (0, 1), got {cfg.target_rate}")
-        if cfg.gumbel_temperature <= 0:
-            raise ValueError(f"gumbel_temperature must be > 0, got {cfg.gumbel_temperature}")
-        self.cfg = cfg
+    def __init__(self, cfg: DynamicConfig, dim: int):
+        super().__init__(cfg, dim)
         self.norm = RMSNorm(dim)
         self.mlp = nn.Sequential(nn.Linear(dim, dim), nn.ReLU(), nn.Linear(dim, 1))
-        for m in self.mlp:  # ByteLM re-initialises the weights; the biases stay at 0
+
+    def reset_parameters(self, init_std: float) -> None:
+        """Weights ~ N(0, init_std^2) like the U-Net's, biases 0."""
+        super().reset_parameters(init_std)
+        for m in self.mlp:
             if isinstance(m, nn.Linear):
                 nn.init.zeros_(m.bias)
 
@@ -130,14 +144,9 @@ class DynamicPooling(BoundaryStrategy):
             return select(x, out.mask)
         return mean_pool(x, out.mask, out.ste)
 
-    has_step = True
-
-    def init_step_state(self, batch, noise):
-        return {"noise": noise, "sum": None, "n": torch.zeros(batch, 1, device=noise.device)}
-
     def step(self, x_t, ids_t, t, state):
         logit = self.mlp(self.norm(x_t)).squeeze(-1).float()  # (B,)
-        a = (logit + torch.logit(state["noise"][:, t].float(), eps=1e-6)) > 0  # the hard Gumbel-sigmoid draw
+        a = (logit + torch.logit(state.noise[:, t].float(), eps=1e-6)) > 0  # the hard Gumbel-sigmoid draw
         p = torch.sigmoid(logit)
         if t == 0:
             a, p = torch.ones_like(a), torch.ones_like(p)
@@ -147,7 +156,7 @@ class DynamicPooling(BoundaryStrategy):
         """Running mean of the group that ends at this byte (bytes after the previous boundary up to t)."""
         if self.cfg.pooling == "select":
             return x_t
-        return running_group_mean(x_t, a_t, state)
+        return state.group.update(x_t, a_t)
 
     def upsample(self, y_tok: torch.Tensor, x: torch.Tensor, tokens: Tokens, out: BoundaryOutput) -> torch.Tensor:
         """Byte t gets X_t + Y'_{c(t)}, c(t) = sum_{i<=t} b_i - 1. A hard gather: Nawrot's normalised one-hot
@@ -167,4 +176,4 @@ class DynamicPooling(BoundaryStrategy):
         has = (n > 0).float()
         prior = -(log_pmf / n.clamp(min=1) * has).sum() / has.sum().clamp(min=1)
         p_mean = (out.probs * keep).sum() / keep.sum().clamp(min=1)
-        return {"loss/prior": cfg.prior_weight * prior, "stats/p_mean": p_mean.detach()}
+        return {"loss/prior": cfg.prior_weight * prior, "boundary/p_mean": p_mean.detach()}

@@ -1,4 +1,4 @@
-"""H-Net dynamic chunking (Hwang, Wang & Gu 2025), ported to our U-Net as the paper does (baselines.md §2c).
+"""H-Net dynamic chunking (Hwang, Wang & Gu 2025), ported to our U-Net as the paper does (docs/baselines.md).
 
 Routing (cosine similarity of adjacent states, trained straight-through):
     h_t  = RMSNorm(X_t),   q_t = W_q h_{t-1},   k_t = W_k h_t          (W_q, W_k: d x d, identity init)
@@ -13,19 +13,36 @@ then byte t gets X_t + STE(c_t) z_{c(t)}, with c_t = p_t if b_t else 1 - p_t and
 Ratio loss with N = 1 / target_rate, F = mean b_t (no gradient), G = mean p_t over decided positions:
     L_ratio = N / (N - 1) * ((N - 1) F G + (1 - F)(1 - G)),   dL/dG = N (N F - 1) / (N - 1)
 
-W_q, W_k are plain `nn.Parameter`s, not `nn.Linear`s, so `ByteLM._init` (which re-initialises every
-`nn.Linear` after the strategy is built) leaves the identity in place, like the official `_no_reinit`.
+W_q and W_k start as the identity (`reset_parameters`, the official initialisation).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from learntok.boundaries.base import BoundaryOutput, BoundaryStrategy, Tokens, distribute_add, forced_positions
-from learntok.config import BoundaryConfig
-from learntok.model.layers import RMSNorm
+from learntok.boundaries.base import BoundaryOutput, BoundaryStrategy, RateConfig, StepState, forced_positions
+from learntok.boundaries.pooling import Tokens, distribute_add
+from learntok.nn.layers import RMSNorm
+
+
+@dataclass(frozen=True, kw_only=True)
+class HNetConfig(RateConfig):
+    """Options of `--boundaries hnet` (H-Net's dynamic chunking)."""
+
+    boundaries: str = "hnet"
+    ratio_loss_weight: float = 0.03
+    """Weight alpha of H-Net's ratio loss (N = 1/target_rate)."""
+
+
+@dataclass(kw_only=True)
+class HNetState(StepState):
+    q_prev: torch.Tensor | None = None
+    """(B,D) W_q h_{t-1}, the previous byte's routing query."""
+
 
 P_MIN = 1e-4
 """EMA gates are clamped to [P_MIN, 1 - P_MIN] (as the official dechunk does) so log(1 - P) stays finite."""
@@ -85,9 +102,9 @@ def ema_scan_loop(y: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     return torch.stack(out, 1)  # (B,M,D)
 
 
-def ratio_loss(F_: torch.Tensor, G: torch.Tensor, N: float) -> torch.Tensor:
+def ratio_loss(frac: torch.Tensor, G: torch.Tensor, N: float) -> torch.Tensor:
     """H-Net's ratio loss N/(N-1) ((N-1) F G + (1-F)(1-G)); equals 1 at F = G = 1/N."""
-    return N / (N - 1) * ((N - 1) * F_ * G + (1 - F_) * (1 - G))
+    return N / (N - 1) * ((N - 1) * frac * G + (1 - frac) * (1 - G))
 
 
 class HNetChunking(BoundaryStrategy):
@@ -96,20 +113,19 @@ class HNetChunking(BoundaryStrategy):
     With cfg.pooling == "select" the U-Net uses plain select + distribute-add: the hard boundaries then give
     the router no LM gradient at all, and W_q, W_k (and the router's norm) learn from the ratio loss only."""
 
+    config = HNetConfig
     learns_by = "straight_through"
+    own_pooling = True
+    has_step = True
 
-    def __init__(self, cfg: BoundaryConfig, dim: int):
-        super().__init__()
-        if not 0 < cfg.target_rate < 1:
-            raise ValueError(f"target_rate must be in (0, 1), got {cfg.target_rate}")
-        self.cfg = cfg
+    def __init__(self, cfg: HNetConfig, dim: int):
+        super().__init__(cfg, dim)
         self.N = 1.0 / cfg.target_rate  # target bytes per chunk (N in H-Net's eq. 10)
         self.norm = RMSNorm(dim)  # H-Net routes on the encoder output after its final RMSNorm
-        # Plain Parameters (not nn.Linear): ByteLM._init re-initialises Linear weights after we are built.
         self.w_q = nn.Parameter(torch.eye(dim))  # applied to the previous state h_{t-1}
         self.w_k = nn.Parameter(torch.eye(dim))  # applied to the current state h_t
 
-    def reset_parameters(self) -> None:
+    def reset_parameters(self, init_std: float = 0.0) -> None:
         """Identity routing matrices and a unit norm, the official initialisation."""
         with torch.no_grad():
             self.w_q.copy_(torch.eye(self.w_q.shape[0]))
@@ -133,10 +149,8 @@ class HNetChunking(BoundaryStrategy):
         mask = (p.detach() > 0.5) | forced  # (B,T) b_t; a tie p = 0.5 is "no boundary" (official argmax)
         return BoundaryOutput(mask=mask, probs=p, free=~forced)
 
-    has_step = True
-
     def init_step_state(self, batch, noise):
-        return {"q_prev": None}
+        return HNetState(noise=noise)
 
     def step(self, x_t, ids_t, t, state):
         h = self.norm(x_t)  # (B,D)
@@ -145,8 +159,8 @@ class HNetChunking(BoundaryStrategy):
         if t == 0:
             p = torch.ones(h.shape[0], device=h.device)
         else:
-            p = ((1 - F.cosine_similarity(state["q_prev"], k, dim=-1, eps=1e-8)) / 2).clamp(0.0, 1.0)  # (B,)
-        state["q_prev"] = q
+            p = ((1 - F.cosine_similarity(state.q_prev, k, dim=-1, eps=1e-8)) / 2).clamp(0.0, 1.0)  # (B,)
+        state.q_prev = q
         a = (p > 0.5) | (t == 0)
         return a, p
 
@@ -171,7 +185,7 @@ class HNetChunking(BoundaryStrategy):
         return x + (ste * z).to(x.dtype)
 
     def losses(self, out, logp, logp_early, valid, reduce=None):
-        # Per micro-batch, as H-Net's train utils compute it (baselines.md §2c): `reduce` is not used.
+        # Per micro-batch, as H-Net's train utils compute it: `reduce` is not used.
         keep = (valid & out.free).float()  # (B,T) decided, non-padding positions
         n = keep.sum().clamp(min=1)
         f_hard = (out.mask.float() * keep).sum() / n  # F: fraction of hard boundaries (no gradient)
@@ -179,6 +193,6 @@ class HNetChunking(BoundaryStrategy):
         loss = ratio_loss(f_hard, g_mean, self.N)
         return {
             "loss/ratio": self.cfg.ratio_loss_weight * loss,
-            "stats/p_mean": g_mean.detach(),
-            "stats/ratio_loss": loss.detach(),
+            "boundary/p_mean": g_mean.detach(),
+            "boundary/ratio_loss": loss.detach(),
         }

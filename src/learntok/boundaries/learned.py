@@ -1,4 +1,4 @@
-"""The paper's boundary policy, trained with the score-function estimator (method.md §2-3).
+"""The paper's boundary policy, trained with the score-function estimator (paper §2-3, docs/method.md).
 
     l_raw_t  = W_0 X_t + sum_{j=1..w} a_{t-j} W_j X_t                      (eq. 21)
     l_t      = softcap(l_raw_t / D + logit(pi_target))   (softcap in training only)
@@ -18,7 +18,14 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from learntok.boundaries.base import BoundaryOutput, BoundaryStrategy, boundary_uniforms, forced_positions
+from learntok.boundaries.base import (
+    BoundaryOutput,
+    BoundaryStrategy,
+    SampledConfig,
+    StepState,
+    boundary_uniforms,
+    forced_positions,
+)
 from learntok.boundaries.reinforce import (
     BatchStatistics,
     batch_relative_advantage,
@@ -26,9 +33,45 @@ from learntok.boundaries.reinforce import (
     sample_window_policy,
     window_logits,
 )
-from learntok.config import BoundaryConfig
-from learntok.model.attention import softcap
-from learntok.model.layers import RMSNorm
+from learntok.nn.attention import softcap
+from learntok.nn.layers import RMSNorm
+
+
+@dataclass(frozen=True, kw_only=True)
+class LearnedConfig(SampledConfig):
+    """Options of the paper's policy (`--boundaries learned`); the defaults are the paper's."""
+
+    boundaries: str = "learned"
+    policy_window: int = 8
+    """Previous boundaries the policy conditions on (w in eq. 21); 0 = independent Bernoulli per byte.
+    The authors' code 'window 8' corresponds to 7 here, its 'w = 1' to 0 (docs/method.md)."""
+    logit_scale: float = 16.0
+    """D in l_scaled = l_raw / D + logit(pi_target)."""
+    logit_softcap: float = 6.0
+    """Soft-cap of the boundary logits in training (c*tanh(l/c)); 0 disables it. None at evaluation."""
+    gamma: float = 0.99
+    """Time discount of the returns G_t = sum_j gamma^j R_{t+j} (eq. 16). gamma < 1 biases the gradient of
+    the undiscounted objective in exchange for lower variance."""
+    normalize_advantage: bool = False
+    """Divide advantages by their batch standard deviation (not in the paper; a data-dependent rescaling that
+    biases the gradient)."""
+    value_baseline: bool = False
+    """Subtract a learned baseline V(X_t) ~ E[G_t | bytes <= t] (a linear head on the detached encoder state,
+    trained by squared error) from the returns before the batch-relative centring. It does not depend on a_t,
+    so it adds no bias; it removes the content-driven part of the returns' variance (not in the paper)."""
+    lambda_policy: float = 1e-2
+    """Weight of the policy (REINFORCE) loss."""
+    lambda_target: float = 1e-2
+    """Weight of the rate-targeting loss mean(l) * sg(mean(p) - pi_target) (eq. 24)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.policy_window < 0:
+            raise ValueError(f"policy_window must be >= 0, got {self.policy_window}")
+        if self.logit_scale <= 0:
+            raise ValueError(f"logit_scale must be > 0, got {self.logit_scale}")
+        if not 0 <= self.gamma <= 1:
+            raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
 
 
 @dataclass
@@ -37,17 +80,20 @@ class LearnedOutput(BoundaryOutput):
     """(B,T) fp32 V(X_t), the learned baseline of the returns (with grad into the value head only), or None."""
 
 
+@dataclass(kw_only=True)
+class LearnedState(StepState):
+    prev: torch.Tensor
+    """(B,w) the last w boundaries, prev[:, j] = a_{t-1-j}."""
+
+
 class LearnedBoundaries(BoundaryStrategy):
+    config = LearnedConfig
     learns_by = "score_function"
     uses_rewards = True
+    has_step = True
 
-    def __init__(self, cfg: BoundaryConfig, dim: int):
-        super().__init__()
-        if cfg.policy_window < 0:
-            raise ValueError(f"policy_window must be >= 0, got {cfg.policy_window}")
-        if not 0 < cfg.target_rate < 1:
-            raise ValueError(f"target_rate must be in (0, 1), got {cfg.target_rate}")
-        self.cfg = cfg
+    def __init__(self, cfg: LearnedConfig, dim: int):
+        super().__init__(cfg, dim)
         self.norm = RMSNorm(dim)
         # One matmul gives W_0 X_t (content) and W_j X_t (j = 1..w, previous-boundary terms) for every t.
         self.proj = nn.Linear(dim, cfg.policy_window + 1, bias=False)
@@ -66,7 +112,7 @@ class LearnedBoundaries(BoundaryStrategy):
                                   generator=generator, device=x.device)
         mask, rounds = sample_window_policy(base.detach(), coef.detach(), noise, forced, cap)
         logits = softcap(window_logits(base, coef, mask), cap)  # (B,T), with grad
-        logits = logits.masked_fill(forced, 100.0)  # forced: p = 1, no gradient (method.md §8.6)
+        logits = logits.masked_fill(forced, 100.0)  # forced: p = 1, no gradient
         af = mask.float()
         log_prob = af * nn.functional.logsigmoid(logits) + (1 - af) * nn.functional.logsigmoid(-logits)
         value = None
@@ -75,23 +121,21 @@ class LearnedBoundaries(BoundaryStrategy):
         return LearnedOutput(mask=mask, probs=torch.sigmoid(logits), logits=logits, log_prob=log_prob,
                              free=~forced, stats={"boundary/sample_rounds": rounds}, value=value)
 
-    has_step = True
-
     def init_step_state(self, batch, noise):
-        return {"noise": noise, "prev": torch.zeros(batch, self.cfg.policy_window, device=noise.device)}
+        return LearnedState(noise=noise, prev=torch.zeros(batch, self.cfg.policy_window, device=noise.device))
 
     def step(self, x_t, ids_t, t, state):
         cfg = self.cfg
         c = self.proj(self.norm(x_t)).float() / cfg.logit_scale  # (B,w+1)
         logit = c[:, 0] + self.bias
         if cfg.policy_window:
-            logit = logit + (state["prev"] * c[:, 1:]).sum(-1)  # prev[:, j] = a_{t-1-j}
+            logit = logit + (state.prev * c[:, 1:]).sum(-1)  # prev[:, j] = a_{t-1-j}
         p = torch.sigmoid(softcap(logit, cfg.logit_softcap if self.training else 0.0))  # (B,)
-        a = state["noise"][:, t] < p
+        a = state.noise[:, t] < p
         if t == 0:
             a, p = torch.ones_like(a), torch.ones_like(p)
         if cfg.policy_window:
-            state["prev"] = torch.cat([a.float()[:, None], state["prev"][:, :-1]], dim=1)
+            state.prev = torch.cat([a.float()[:, None], state.prev[:, :-1]], dim=1)
         return a, p
 
     def losses(self, out, logp, logp_early, valid, reduce=None):
@@ -125,9 +169,9 @@ class LearnedBoundaries(BoundaryStrategy):
         return {
             "loss/policy": cfg.lambda_policy * policy,
             "loss/target": cfg.lambda_target * target,
-            "stats/p_mean": p_mean.detach(),
-            "stats/neg_log_pi": (-(out.log_prob.detach() * kf).sum() / n),
-            "stats/adv_std": adv[keep].std().detach() if keep.sum() > 1 else torch.zeros(()),
-            "stats/reward_mean": (r * kf).sum() / n,
+            "boundary/p_mean": p_mean.detach(),
+            "boundary/neg_log_pi": (-(out.log_prob.detach() * kf).sum() / n),
+            "reinforce/adv_std": adv[keep].std().detach() if keep.sum() > 1 else torch.zeros(()),
+            "reinforce/reward_mean": (r * kf).sum() / n,
             **extra,
         }

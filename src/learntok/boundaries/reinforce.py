@@ -1,4 +1,4 @@
-"""The score-function (REINFORCE) estimator's maths (method.md §2-3, paper eq. 15-24).
+"""The score-function (REINFORCE) estimator's maths (paper eq. 15-24, docs/method.md).
 
 Pure functions on tensors, each with a plain reference beside it for the tests:
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass, fields
 import torch
 import torch.nn.functional as F
 
-from learntok.model.attention import softcap
+from learntok.nn.attention import softcap
 
 
 def previous_boundaries(a: torch.Tensor, w: int) -> torch.Tensor:
@@ -113,7 +113,7 @@ def reference_returns(r: torch.Tensor, gamma: float) -> torch.Tensor:
 
 def batch_relative_advantage(g: torch.Tensor, valid: torch.Tensor, mean: torch.Tensor | None = None) -> torch.Tensor:
     """A_{t,b} = G_{t,b} - mean over valid b of G_{t,b} (eq. 17); 0 at invalid entries. (B,T) -> (B,T).
-    `mean` (T,) replaces the local per-position mean by the global batch's (see learntok.distributed)."""
+    `mean` (T,) replaces the local per-position mean by the global batch's (see learntok.train.parallel)."""
     vf = valid.to(g.dtype)
     if mean is None:
         mean = (g * vf).sum(0) / vf.sum(0).clamp(min=1)  # (T,)

@@ -6,18 +6,25 @@ only: causal by construction. The rate is whatever the text gives (reported, not
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from learntok.boundaries.base import BoundaryOutput, BoundaryStrategy
-from learntok.config import BoundaryConfig
+from learntok.boundaries.base import BoundaryConfig, BoundaryOutput, BoundaryStrategy, StepState
+
+
+@dataclass(frozen=True, kw_only=True)
+class WhitespaceConfig(BoundaryConfig):
+    """Options of `--boundaries whitespace` (no rate: the text sets it)."""
+
+    boundaries: str = "whitespace"
 
 
 def spacelike_table(device: torch.device | None = None) -> torch.Tensor:
     """(512,) bool over ids: True for spacelike bytes (and for the special ids, which separate documents)."""
     table = torch.zeros(512, dtype=torch.bool)
     for b in range(128):
-        c = chr(b)
-        table[b] = not (c.isalnum())
+        table[b] = not chr(b).isalnum()
     table[256:] = True
     return table.to(device) if device is not None else table
 
@@ -31,26 +38,26 @@ def spacebyte_boundaries(ids: torch.Tensor) -> torch.Tensor:
     return mask
 
 
+@dataclass(kw_only=True)
+class WhitespaceState(StepState):
+    prev_space: torch.Tensor
+    """(B,) whether the previous byte was spacelike."""
+
+
 class WhitespaceBoundaries(BoundaryStrategy):
+    config = WhitespaceConfig
     learns_by = "prescribed"
-
-    def __init__(self, cfg: BoundaryConfig, dim: int):
-        super().__init__()
-
     has_step = True
 
     def init_step_state(self, batch, noise):
-        return {"prev_space": torch.ones(batch, dtype=torch.bool, device=noise.device)}
+        return WhitespaceState(noise=noise, prev_space=torch.ones(batch, dtype=torch.bool, device=noise.device))
 
     def step(self, x_t, ids_t, t, state):
         space = spacelike_table(ids_t.device)[ids_t]  # (B,)
-        a = space & ~state["prev_space"] if t > 0 else torch.ones_like(space)
-        state["prev_space"] = space
+        a = space & ~state.prev_space if t > 0 else torch.ones_like(space)
+        state.prev_space = space
         return a, a.float()
 
     def propose(self, x, ids, *, noise, generator, prescribed=None):
         mask = spacebyte_boundaries(ids)
         return BoundaryOutput(mask=mask, probs=mask.float())
-
-
-

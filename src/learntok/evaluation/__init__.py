@@ -11,10 +11,10 @@ local files, boundary statistics, inference FLOPs, and the tables of `learntok c
 """
 
 from learntok.evaluation.bpb import BoundaryMode, PairScore, greedy_decode, heldout_bpb, score_pairs
-from learntok.evaluation.report import EvalOptions, evaluate_model, format_report, read_eval, write_eval
+from learntok.evaluation.report import EvalConfig, evaluate_model, format_report, read_eval, write_eval
 from learntok.evaluation.stats import BoundaryStats, mean_se, ratio_se
 from learntok.evaluation.tasks import TASKS, read_task, score_task
 
-__all__ = ["TASKS", "BoundaryMode", "BoundaryStats", "EvalOptions", "PairScore", "evaluate_model", "format_report",
+__all__ = ["TASKS", "BoundaryMode", "BoundaryStats", "EvalConfig", "PairScore", "evaluate_model", "format_report",
            "greedy_decode", "heldout_bpb", "mean_se", "ratio_se", "read_eval", "read_task", "score_pairs",
            "score_task", "write_eval"]

@@ -1,9 +1,9 @@
 """Scoring bytes under a trained model: held-out bits per byte and log-likelihoods of continuations.
 
-    BPB = sum of next-byte cross-entropies (nats) / (ln 2 * number of bytes)          (method.md §6)
+    BPB = sum of next-byte cross-entropies (nats) / (ln 2 * number of bytes)          (learntok.bpb)
 
 Boundaries at evaluation come from the strategy in eval() mode (the learned policy without its soft-cap), in
-one of three modes (method.md §8.12):
+one of three modes:
     sample   one boundary sample with a fixed seed (the paper's protocol; the default)
     greedy   a_t = [p_t > 0.5]: the strategy's `eval_boundaries` is set to "greedy" for the duration
     average  k samples, averaged in probability space: log p(x) ~= log (1/k) sum_i p(x | a_i). Because a_t
@@ -32,12 +32,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from learntok.boundaries import BoundaryOutput, BoundaryStrategy
-from learntok.config import BoundaryConfig
+from learntok.boundaries import BoundaryOutput
+from learntok.bpb import LN2, byte_targets
 from learntok.evaluation.stats import ratio_se
 from learntok.vocab import BOS, IGNORE, PAD
 
-LN2 = math.log(2)
 MODES = ("sample", "greedy", "average")
 
 
@@ -65,12 +64,6 @@ class BoundaryMode:
         return self.samples if self.mode == "average" else 1
 
 
-def annotator(model) -> Callable[[bytes], np.ndarray] | None:
-    """The strategy's per-document flag function if it prescribes boundaries from text (e.g. BPE), else None."""
-    strategy = model.boundary
-    return strategy.annotate if type(strategy).annotate is not BoundaryStrategy.annotate else None
-
-
 def check_mode(model, bm: BoundaryMode) -> str:
     """A one-line description of the boundaries this evaluation uses; ValueError for a mode the strategy lacks."""
     learns_by, name = model.boundary.learns_by, model.bcfg.boundaries
@@ -88,10 +81,11 @@ def check_mode(model, bm: BoundaryMode) -> str:
 
 @contextmanager
 def evaluating(model, bm: BoundaryMode):
-    """model.eval(); for greedy, the strategy's `cfg.eval_boundaries` is "greedy" meanwhile. Restores both."""
+    """model.eval(); for greedy, the strategy's `cfg.eval_boundaries` is "greedy" meanwhile (strategies without
+    that option are deterministic or refuse greedy in `check_mode`). Restores both."""
     strategy = model.boundary
-    old = getattr(strategy, "cfg", None)
-    swap = bm.mode == "greedy" and isinstance(old, BoundaryConfig)
+    old = strategy.cfg
+    swap = bm.mode == "greedy" and hasattr(old, "eval_boundaries")
     was_training = model.training
     if swap:
         strategy.cfg = replace(old, eval_boundaries="greedy")
@@ -146,7 +140,7 @@ def heldout_bpb(model, seqs, bm: BoundaryMode, *, batch_size: int = 8, max_bytes
             ids, targets = batch[:, :-1], batch[:, 1:]  # (B,S)
             flags = seqs.flag_batch(idx)
             prescribed = None if flags is None else torch.from_numpy(flags[:, :-1]).to(device)
-            byte = targets < 256  # (B,S) BPB counts bytes, not EOS
+            byte = byte_targets(targets)  # (B,S) BPB counts bytes, not EOS
             n_bytes[idx] = byte.sum(1).cpu().numpy()
             for k in range(bm.draws):
                 noise = None
@@ -226,7 +220,7 @@ def score_pairs(model, pairs: Sequence[tuple[bytes, bytes]], keys: Sequence[int]
     """Score each continuation given its context. keys[i] names the text whose boundary noise row i uses (give
     the choices of one question the same key)."""
     device = next(model.parameters()).device
-    annotate = annotator(model)
+    annotate = model.boundary.annotator
     rows = [_row(c, y, window, annotate) for c, y in pairs]
     pad_safe = model.boundary.learns_by != "random"
     ctx_ll = np.zeros((bm.draws, len(rows)))

@@ -1,4 +1,4 @@
-"""Do the boundaries matter? Held-out diagnostics that feed a trained model other boundaries (method.md §10).
+"""Do the boundaries matter? Held-out diagnostics that feed a trained model other boundaries.
 
 For the same held-out batches, bits per byte with:
 - own:     the model's evaluation boundaries (as in validation BPB);
@@ -16,15 +16,12 @@ first byte instead of at the space before it), a one-byte offset the exact F1 co
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from learntok.boundaries.whitespace import spacebyte_boundaries
+from learntok.bpb import BitsPerByte
 from learntok.evaluation.stats import prf
 from learntok.vocab import IGNORE
-
-LN2 = math.log(2)
 
 
 @torch.no_grad()
@@ -36,8 +33,8 @@ def boundary_diagnostics(model, batches: list[tuple[torch.Tensor, torch.Tensor |
     model.eval()
     gens = {k: torch.Generator(device).manual_seed(seed) for k in ("own", "rate0", "random")}
     rnd = torch.Generator("cpu").manual_seed(seed + 1)
-    nll = {"own": 0.0, "rate0": 0.0, "random": 0.0}
-    n_bytes = n_pos = n_bound = 0
+    bpb = {"own": BitsPerByte(), "rate0": BitsPerByte(), "random": BitsPerByte()}
+    n_pos = n_bound = 0
     exact = [0, 0, 0]  # tp, fp, fn against SpaceByte's boundaries
     shifted = [0, 0, 0]  # the same against SpaceByte's boundaries moved one byte later (word starts)
     n_text = n_ref = n_mark = 0
@@ -46,20 +43,17 @@ def boundary_diagnostics(model, batches: list[tuple[torch.Tensor, torch.Tensor |
             batch = batch.to(device)
             ids, targets = batch[:, :-1], batch[:, 1:]
             fl = None if flags is None else flags[:, :-1].to(device)
-            byte = targets < 256  # BPB counts real bytes, not EOS separators
             out = model(ids, targets, generator=gens["own"], prescribed=fl)
             mask = out.boundaries.mask
-            nll["own"] += float(out.nll[byte].sum())
+            bpb["own"].add(out.nll, targets)
             valid = targets != IGNORE
             valid[:, 0] = False  # a_0 is forced
             rate = float(mask[valid].float().mean()) if valid.any() else 0.0
             rate0 = torch.zeros_like(mask)
-            nll["rate0"] += float(model(ids, targets, generator=gens["rate0"], prescribed=fl,
-                                        boundaries=rate0).nll[byte].sum())
+            bpb["rate0"].add(model(ids, targets, generator=gens["rate0"], prescribed=fl, boundaries=rate0).nll, targets)
             random = (torch.rand(mask.shape, generator=rnd) < rate).to(mask.device)
-            nll["random"] += float(model(ids, targets, generator=gens["random"], prescribed=fl,
-                                         boundaries=random).nll[byte].sum())
-            n_bytes += int(byte.sum())
+            bpb["random"].add(model(ids, targets, generator=gens["random"], prescribed=fl, boundaries=random).nll,
+                              targets)
             n_pos += int(valid.sum())
             n_bound += int(mask[valid].sum())
             ref = spacebyte_boundaries(ids)
@@ -73,7 +67,8 @@ def boundary_diagnostics(model, batches: list[tuple[torch.Tensor, torch.Tensor |
             n_mark += int((mask & text).sum())
     finally:
         model.train(was_training)
-    bpb = {k: v / (LN2 * max(n_bytes, 1)) for k, v in nll.items()}
+    n_bytes = bpb["own"].bytes
+    bpb = {k: v.bpb for k, v in bpb.items()}
     agree = prf(*exact)
     r = n_bound / max(n_pos, 1)
     q, r_text = n_ref / max(n_text, 1), n_mark / max(n_text, 1)  # rates on text bytes, for the chance F1

@@ -52,7 +52,7 @@ class LearntokLM(LM):
         elif cfg is None:
             raise ValueError("learntok model: an in-memory model= needs its TrainConfig as cfg=")
         self.cfg, self.model = cfg, model.eval()
-        self.window = cfg.data_cfg.seq_len
+        self.window = cfg.data.seq_len
         self.batch = int(batch_size) if str(batch_size).isdigit() else 16  # "auto" -> 16
         self.mode = BoundaryMode(boundaries_mode, int(samples) if boundaries_mode == "average" else 1, int(seed))
         self.max_gen_toks = int(max_gen_toks)

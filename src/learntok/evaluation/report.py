@@ -22,7 +22,7 @@ from learntok.data import (
     load_splits,
     val_batches_with_flags,
 )
-from learntok.evaluation.bpb import BoundaryMode, annotator, check_mode, heldout_bpb
+from learntok.evaluation.bpb import BoundaryMode, check_mode, heldout_bpb
 from learntok.evaluation.diagnostics import boundary_diagnostics
 from learntok.evaluation.stats import BoundaryStats
 from learntok.evaluation.tasks import TASKS, format_metric, read_task, resolve_tasks, score_task
@@ -35,7 +35,7 @@ DIAGNOSTIC_BYTES = 131_072
 
 
 @dataclass
-class EvalOptions:
+class EvalConfig:
     """What `learntok eval` evaluates (its flags)."""
 
     data: str | None = None
@@ -70,26 +70,26 @@ def inference_flops(model, rate: float) -> dict:
 
 def heldout_documents(cfg, data: str | None, split: str) -> tuple[str, list[bytes]]:
     """(description, documents) of the held-out text: `data` whole, or the run's validation / test split."""
-    dc = cfg.data_cfg
+    dc = cfg.data
     if data is not None:
         return data, [t for _, t in iter_documents(data, dc.text_field)]
     if split == "test":
-        root = Path(dc.data)
+        root = Path(dc.source)
         if not root.is_dir():
-            raise ValueError(f"--split test: the run's data {dc.data!r} is not a directory with test* files; "
+            raise ValueError(f"--split test: the run's data {dc.source!r} is not a directory with test* files; "
                              "give --data PATH")
         try:
-            return f"{dc.data} (test)", [t for _, t in iter_documents(str(root / "test*"), dc.text_field)]
+            return f"{dc.source} (test)", [t for _, t in iter_documents(str(root / "test*"), dc.text_field)]
         except DataError as e:
-            raise ValueError(f"--split test: {dc.data} has no readable test* files ({e}); give --data PATH") from e
+            raise ValueError(f"--split test: {dc.source} has no readable test* files ({e}); give --data PATH") from e
     if split != "val":
         raise ValueError(f"--split must be val or test, got {split!r}")
     if dc.val_data is not None:
         return dc.val_data, [t for _, t in iter_documents(dc.val_data, dc.text_field)]
-    pair = None if dc.data.startswith("hf:") or dc.data == "stdlib" else find_split_files(dc.data)
+    pair = None if dc.source.startswith("hf:") or dc.source == "stdlib" else find_split_files(dc.source)
     if pair is not None:  # read only the validation files
-        return f"{dc.data} (val)", [t for p in pair[1] for _, t in iter_documents(str(p), dc.text_field)]
-    return f"{dc.data} (val)", load_splits(dc)[1]
+        return f"{dc.source} (val)", [t for p in pair[1] for _, t in iter_documents(str(p), dc.text_field)]
+    return f"{dc.source} (val)", load_splits(dc)[1]
 
 
 def _bpe_reference(path: str) -> Callable[[bytes], np.ndarray]:
@@ -108,7 +108,7 @@ def _bpe_reference(path: str) -> Callable[[bytes], np.ndarray]:
     return lambda data: bpe_boundaries(tok, data)
 
 
-def evaluate_model(cfg, model, opts: EvalOptions, log: Callable[[str], None] = print) -> dict:
+def evaluate_model(cfg, model, opts: EvalConfig, log: Callable[[str], None] = print) -> dict:
     """The full report of one model (see the module docstring). `cfg` is the run's TrainConfig."""
     t0 = time.perf_counter()
     bm = opts.mode
@@ -118,7 +118,7 @@ def evaluate_model(cfg, model, opts: EvalOptions, log: Callable[[str], None] = p
                              "description": check_mode(model, bm)},
                     "limit": opts.limit, "tasks": {}, "heldout": None, "boundary_stats": None, "flops": None,
                     "diagnostics": None}
-    window = cfg.data_cfg.seq_len
+    window = cfg.data.seq_len
     for name, path in resolve_tasks(opts.tasks, opts.task_dir):
         t = time.perf_counter()
         examples = read_task(name, path, opts.limit)
@@ -129,8 +129,8 @@ def evaluate_model(cfg, model, opts: EvalOptions, log: Callable[[str], None] = p
     if opts.heldout:
         t = time.perf_counter()
         desc, docs = heldout_documents(cfg, opts.data, opts.split)
-        dc = cfg.data_cfg
-        seqs = ByteSequences(docs, dc.seq_len, dc.pack, name=f"held-out data {desc}", annotate=annotator(model))
+        dc = cfg.data
+        seqs = ByteSequences(docs, dc.seq_len, dc.pack, name=f"held-out data {desc}", annotate=model.boundary.annotator)
         refs = {}
         if opts.bpe_tokenizer:
             refs["bpe"] = ByteSequences(docs, dc.seq_len, dc.pack, name="bpe reference",
@@ -256,5 +256,5 @@ def format_report(report: dict, title: str = "") -> str:
     return "\n".join(lines)
 
 
-__all__ = ["EVAL_VERSION", "EvalOptions", "evaluate_model", "format_report", "heldout_documents", "inference_flops",
+__all__ = ["EVAL_VERSION", "EvalConfig", "evaluate_model", "format_report", "heldout_documents", "inference_flops",
            "read_eval", "write_eval"]

@@ -19,7 +19,6 @@ than the model's training length are left-truncated (their last bytes are kept; 
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from learntok.boundaries.whitespace import spacelike_table
-from learntok.data import DataError, open_decompressed, read_errors
+from learntok.data import DataError, read_jsonl
 from learntok.evaluation.bpb import LN2, BoundaryMode, greedy_decode, score_pairs
 from learntok.evaluation.stats import mean_se
 
@@ -135,23 +134,10 @@ def _parse(kind: str, row: dict, where: str) -> Example:
 def read_task(name: str, path: str | Path, limit: int = 0) -> list[Example]:
     """The first `limit` (0 = all) examples of a task file; DataError naming file:line for a malformed line."""
     path, kind, out = Path(path), TASKS[name].kind, []
-    try:
-        with open_decompressed(path) as f:
-            for lineno, line in enumerate(f, start=1):
-                if limit and len(out) >= limit:
-                    break
-                if not line.strip():
-                    continue
-                where = f"{path}:{lineno}"
-                try:
-                    row = json.loads(line)
-                except ValueError as e:
-                    raise DataError(f"{where}: line is not valid JSON ({e})") from e
-                if not isinstance(row, dict):
-                    raise DataError(f"{where}: line is a JSON {type(row).__name__}, not an object")
-                out.append(_parse(kind, row, where))
-    except read_errors() as e:
-        raise DataError(f"{path}: cannot read or decompress: {e}") from e
+    for where, row in read_jsonl(path):
+        if limit and len(out) >= limit:
+            break
+        out.append(_parse(kind, row, where))
     if not out:
         raise DataError(f"{path}: no examples")
     return out

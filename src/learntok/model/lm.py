@@ -1,4 +1,4 @@
-"""The autoregressive U-Net byte language model (method.md §1).
+"""The autoregressive U-Net byte language model (docs/method.md).
 
     X  = encode(x)                 n_down sliding-window blocks over bytes
     a  ~ strategy(X)               boundaries; a_0 = 1
@@ -7,8 +7,11 @@
     Y  = upsample(Y', X, a)        X_t + Y'_{c(t)}
     logits = head(decode(Y))       n_up sliding-window blocks; position t predicts x_{t+1}
 
-An early-exit head reads X directly; its log-likelihood is the baseline of the relative reward (§3). For
+An early-exit head reads X directly; its log-likelihood is the baseline of the relative reward (eq. 15). For
 strategies that do not use rewards it is a detached probe ("how good is the encoder alone").
+
+`forward` runs whole sequences (training, scoring); `step` beside it advances a batch of rows by one byte
+with caches at both levels (generation) and gives the same logits and boundaries.
 """
 
 from __future__ import annotations
@@ -16,16 +19,18 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from learntok.boundaries import BoundaryOutput, build_strategy
+from learntok.boundaries import BoundaryConfig, BoundaryOutput, build_strategy
 from learntok.boundaries.base import override_boundaries
-from learntok.config import BoundaryConfig, ModelConfig
-from learntok.model.attention import softcap
-from learntok.model.layers import Block, Packing, RMSNorm, rope_tables
+from learntok.config import ModelConfig
+from learntok.nn.attention import softcap
+from learntok.nn.cache import KVCache
+from learntok.nn.layers import Block, Packing, RMSNorm, rope_tables
 from learntok.vocab import IGNORE, VOCAB_SIZE
 
 
@@ -40,8 +45,32 @@ class ModelOutput:
     """Every loss term and statistic, detached where they are statistics."""
     nll: torch.Tensor | None = None
     """(B,T) per-position negative log-likelihood in nats (0 at ignored targets)."""
+    nll_early: torch.Tensor | None = None
+    """(B,T) the same under the early-exit head."""
     n_tokens: torch.Tensor | None = None
     """(B,) real tokens per sequence at the token level."""
+
+
+@dataclass
+class StepState:
+    """Everything `ByteLM.step` carries from one byte to the next, for B rows at the same byte position."""
+
+    pos: int
+    """The byte position the next call processes."""
+    down: list[KVCache]
+    """Encoder layers' ring buffers of byte_window slots (slot = position mod window)."""
+    up: list[KVCache]
+    """Decoder layers' ring buffers."""
+    slot_pos: torch.Tensor
+    """(window,) long: the byte position each ring slot holds (-1 = empty)."""
+    mid: list[KVCache]
+    """Token layers' caches; row b's token j sits in slot j, and the caches grow as tokens arrive."""
+    count: torch.Tensor
+    """(B,) long: tokens so far in each row."""
+    last_tok: torch.Tensor
+    """(B,D) what later bytes of each row add back (distribute-add: its newest token's output)."""
+    boundary: Any
+    """The strategy's own step state (`BoundaryStrategy.init_step_state`)."""
 
 
 class ByteLM(nn.Module):
@@ -50,8 +79,6 @@ class ByteLM(nn.Module):
         self.cfg, self.bcfg = cfg, bcfg
         backend = cfg.attn_backend if cfg.attn_backend != "auto" else ("sdpa" if cfg.attn_softcap == 0 else "eager")
         d, H = cfg.d_model, cfg.n_heads
-        if d % H or (d // H) % 2:
-            raise ValueError(f"d_model={d} must split into n_heads={H} heads of even size")
         byte_hidden, tok_hidden = round(cfg.byte_mlp_mult * d), round(cfg.token_mlp_mult * d)
 
         def blocks(n, hidden, window):
@@ -64,12 +91,17 @@ class ByteLM(nn.Module):
         self.boundary = build_strategy(bcfg, d)
         self.norm_out = RMSNorm(d)
         self.head = nn.Linear(d, VOCAB_SIZE, bias=False)
-        self.apply(self._init)
+        # Initialise in module order; the strategy initialises its own weights at its place in that order.
+        for part in (self.embed, self.down, self.mid, self.up):
+            part.apply(self._init)
+        self.boundary.reset_parameters(cfg.init_std)
+        for part in (self.norm_out, self.head):
+            part.apply(self._init)
         n_layers = cfg.n_down + cfg.n_mid + cfg.n_up
         for name, p in self.named_parameters():  # residual-output projections: smaller init (GPT-2)
             if name.endswith("attn.proj.weight") or name.endswith("mlp.down.weight"):
                 nn.init.normal_(p, std=cfg.init_std / math.sqrt(2 * n_layers))
-        # The early-exit head starts as a copy of the output head (method.md §3).
+        # The early-exit head starts as a copy of the output head (paper §2.3).
         self.norm_early = copy.deepcopy(self.norm_out)
         self.head_early = copy.deepcopy(self.head)
 
@@ -87,26 +119,28 @@ class ByteLM(nn.Module):
     def _head(self, norm: nn.Module, head: nn.Module, h: torch.Tensor) -> torch.Tensor:
         return softcap(head(norm(h)).float(), self.cfg.final_softcap)  # (B,T,V) fp32
 
+    def _rope(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return rope_tables(pos, self.cfg.d_model // self.cfg.n_heads, self.cfg.rope_base)
+
     def encode(self, ids: torch.Tensor) -> torch.Tensor:
         """Byte embedding and encoder blocks. ids (B,T) -> X (B,T,D)."""
-        T = ids.shape[1]
-        rope = rope_tables(torch.arange(T, device=ids.device), self.cfg.d_model // self.cfg.n_heads, self.cfg.rope_base)
+        rope = self._rope(torch.arange(ids.shape[1], device=ids.device))
         x = self.embed(ids)  # (B,T,D)
         for blk in self.down:
             x = blk(x, rope)
         return x
+
+    # -- whole sequences -----------------------------------------------------------------------------------
 
     def forward(self, ids: torch.Tensor, targets: torch.Tensor | None = None, *, noise: torch.Tensor | None = None,
                 generator: torch.Generator | None = None, prescribed: torch.Tensor | None = None,
                 batch_stats=None, boundaries: torch.Tensor | None = None) -> ModelOutput:
         """ids (B,T) input ids (BOS first); targets (B,T) next ids or IGNORE; noise (B,T) boundary uniforms;
         prescribed (B,T) bool boundary flags from the data pipeline (strategies with `annotate`);
-        batch_stats: reducer to global-batch statistics for the estimator (learntok.distributed);
+        batch_stats: reducer to global-batch statistics for the estimator (learntok.train.parallel);
         boundaries: (B,T) bool flags that replace the strategy's draw (diagnostics, e.g. boundary sensitivity;
         position 0 is always a boundary)."""
-        B, T = ids.shape
-        dh = self.cfg.d_model // self.cfg.n_heads
-        rope_byte = rope_tables(torch.arange(T, device=ids.device), dh, self.cfg.rope_base)
+        rope_byte = self._rope(torch.arange(ids.shape[1], device=ids.device))
         x = self.encode(ids)  # (B,T,D)
         out = self.boundary.propose(x, ids, noise=noise, generator=generator, prescribed=prescribed)
         if boundaries is not None:
@@ -116,7 +150,7 @@ class ByteLM(nn.Module):
         # pads just for attention, where padding after the real tokens is hidden by causality.
         packing = Packing.from_counts(tokens.count, tokens.x.shape[1])
         y = packing.pack(tokens.x)  # (N,D)
-        rope_tok = rope_tables(packing.pack(tokens.pos), dh, self.cfg.rope_base)  # RoPE at byte indices (1,N,dh/2)
+        rope_tok = self._rope(packing.pack(tokens.pos))  # RoPE at the boundaries' byte indices (1,N,dh/2)
         for blk in self.mid:
             y = blk(y, rope_tok, packing)  # (N,D)
         h = self.boundary.upsample(packing.unpack(y), x, tokens, out)  # (B,T,D)
@@ -130,30 +164,74 @@ class ByteLM(nn.Module):
 
     def _losses(self, res: ModelOutput, x: torch.Tensor, targets: torch.Tensor, batch_stats=None) -> None:
         """L = w_auto L_auto + lambda_early L_early + strategy terms (eq. 27); all per-byte means."""
-        bc = self.bcfg
+        cfg = self.cfg
         valid = targets != IGNORE  # (B,T)
         n = valid.sum().clamp(min=1)
-        nll = F.cross_entropy(res.logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE,
-                              reduction="none").view_as(targets)  # (B,T)
+
+        def nll_of(logits: torch.Tensor) -> torch.Tensor:  # (B,T) nats, 0 at IGNORE
+            return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE,
+                                   reduction="none").view_as(targets)
+
+        nll = nll_of(res.logits)
         x_early = x if self.boundary.uses_rewards else x.detach()
-        logits_early = self._head(self.norm_early, self.head_early, x_early)
-        nll_early = F.cross_entropy(logits_early.flatten(0, 1), targets.flatten(), ignore_index=IGNORE,
-                                    reduction="none").view_as(targets)
+        nll_early = nll_of(self._head(self.norm_early, self.head_early, x_early))
         l_auto, l_early = nll.sum() / n, nll_early.sum() / n
         aux = self.boundary.losses(res.boundaries, -nll.detach(), -nll_early.detach(), valid, reduce=batch_stats)
-        w_auto = 1.0 - bc.lambda_early if bc.code_loss_weights else 1.0
-        total = w_auto * l_auto + bc.lambda_early * l_early
+        w_auto = 1.0 - cfg.lambda_early if cfg.code_loss_weights else 1.0
+        total = w_auto * l_auto + cfg.lambda_early * l_early
         for k, v in aux.items():
             if k.startswith("loss/"):
                 total = total + v
-        res.loss, res.nll = total, nll
+        res.loss, res.nll, res.nll_early = total, nll, nll_early.detach()
         res.terms = {"loss/auto": l_auto.detach(), "loss/early": l_early.detach(), **aux}
 
-    def generate(self, prompts, max_new_bytes: int = 200, **kw) -> list[bytes]:
-        """Batched cached generation; see `learntok.generate.generate` for the options."""
-        from learntok.generate import generate
+    # -- one byte at a time --------------------------------------------------------------------------------
 
-        return generate(self, prompts, max_new_bytes, **kw)
+    def init_state(self, batch: int, noise: torch.Tensor) -> StepState:
+        """Empty caches for `batch` rows; noise (B, T_total) holds the boundary uniforms of every position."""
+        cfg, dev = self.cfg, self.embed.weight.device
+        dh, W = cfg.d_model // cfg.n_heads, cfg.byte_window
+
+        def caches(blocks: nn.ModuleList, size: int) -> list[KVCache]:
+            return [KVCache.empty(batch, cfg.n_heads, size, dh, dev) for _ in blocks]
+
+        return StepState(pos=0, down=caches(self.down, W), up=caches(self.up, W),
+                         slot_pos=torch.full((W,), -1, dtype=torch.long, device=dev), mid=caches(self.mid, 64),
+                         count=torch.zeros(batch, dtype=torch.long, device=dev),
+                         last_tok=torch.zeros(batch, cfg.d_model, device=dev),
+                         boundary=self.boundary.init_step_state(batch, noise))
+
+    @torch.no_grad()
+    def step(self, ids_t: torch.Tensor, state: StepState) -> tuple[torch.Tensor, torch.Tensor]:
+        """ids_t (B,) the bytes at position state.pos -> (next-byte logits (B,V), boundary a_t (B,) bool).
+        Equals `forward` on the whole prefix with the same boundary noise (tests/test_generate.py)."""
+        t, W, B = state.pos, self.cfg.byte_window, ids_t.shape[0]
+        rope = self._rope(torch.tensor([t], device=ids_t.device))
+        slot = torch.full((B,), t % W, dtype=torch.long, device=ids_t.device)
+        state.slot_pos[t % W] = t
+        window = ((state.slot_pos >= 0) & (state.slot_pos > t - W)).expand(B, -1)  # (B,W) the last W bytes
+        x = self.embed(ids_t)[:, None]  # (B,1,D)
+        for blk, cache in zip(self.down, state.down):
+            x = blk.step(x, rope, cache, slot, window)
+        a_t, p_t = self.boundary.step(x[:, 0], ids_t, t, state.boundary)  # (B,) bool, (B,)
+        tok_in = self.boundary.step_token_input(x[:, 0], a_t, state.boundary)  # (B,D)
+        if bool(a_t.any()):
+            y = tok_in[:, None]  # (B,1,D)
+            if state.mid and int(state.count.max()) >= state.mid[0].size:
+                for cache in state.mid:
+                    cache.grow(cache.size)
+            for blk, cache in zip(self.mid, state.mid):
+                seen = torch.arange(cache.size, device=ids_t.device)[None] <= state.count[:, None]  # (B,S)
+                y = blk.step(y, rope, cache, state.count, seen)  # the row's tokens so far and the new one
+            # Rows without a boundary wrote a k/v at slot `count` that their next token overwrites; their
+            # count does not advance, so that slot stays outside their mask.
+            state.last_tok = self.boundary.step_token_output(y[:, 0], a_t, p_t, state.last_tok, state.boundary)
+            state.count = state.count + a_t.long()
+        h = x + state.last_tok[:, None]  # distribute-add
+        for blk, cache in zip(self.up, state.up):
+            h = blk.step(h, rope, cache, slot, window)
+        state.pos += 1
+        return self._head(self.norm_out, self.head, h)[:, 0], a_t
 
     # -- accounting ----------------------------------------------------------------------------------------
 

@@ -6,19 +6,19 @@ are sampled with a seeded generator as validation samples them, or greedily (u_t
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import torch
 
-from learntok.boundaries import BoundaryStrategy
 from learntok.viz.cells import BoundaryMap
 from learntok.vocab import BOS
 
 
 def _annotated(model, data: bytes) -> np.ndarray | None:
     """Prescribed flags of the whole text for strategies that need them (e.g. BPE), else None."""
-    if type(model.boundary).annotate is BoundaryStrategy.annotate:
-        return None
-    return np.asarray(model.boundary.annotate(data), dtype=bool)
+    annotate = model.boundary.annotator
+    return None if annotate is None else np.asarray(annotate(data), dtype=bool)
 
 
 @torch.no_grad()
@@ -97,10 +97,9 @@ def validation_maps(cfg, model, n: int = 3, n_bytes: int = 600, seed: int = 1234
     data is not available."""
     from learntok.data import ByteSequences, load_splits
 
-    _, val_docs = load_splits(cfg.data_cfg)
-    annotate = None if type(model.boundary).annotate is BoundaryStrategy.annotate else model.boundary.annotate
-    seqs = ByteSequences(val_docs, cfg.data_cfg.seq_len, pack=cfg.data_cfg.pack, name="validation data",
-                         annotate=annotate)
+    _, val_docs = load_splits(cfg.data)
+    seqs = ByteSequences(val_docs, cfg.data.seq_len, pack=cfg.data.pack, name="validation data",
+                         annotate=model.boundary.annotator)
     maps = []
     for i in np.linspace(0, len(seqs) - 1, num=min(n, len(seqs))).round().astype(int).tolist():
         flags = seqs.flag_batch([i])
@@ -116,3 +115,23 @@ def preview_sample(model, seq: torch.Tensor, flags: torch.Tensor | None = None, 
     from learntok.viz.render import preview_map
 
     return preview_map(sequence_map(model, seq, flags, seed=seed, n_bytes=4 * width), width=width, color=color)
+
+
+def preview_hook(model, row, step: int | None, with_image: bool):
+    """The evaluation hook of `learntok train` (learntok.train.EvalHook): at an evaluation a one-line coloured
+    preview of the held-out row (plus a boundary-map image for TensorBoard if asked), at the end of training
+    (step None) its first 400 bytes with the boundaries marked."""
+    from learntok.train.validation import Preview
+    from learntok.viz.render import render_ansi
+
+    ids, flags = row
+    if step is None:
+        return Preview(render_ansi(sequence_map(model, ids, flags, n_bytes=400), color=None))
+    text = preview_sample(model, ids, flags, width=80, color=sys.stderr.isatty())
+    image = None
+    if with_image:
+        from learntok.viz.mpl import map_image
+
+        bmap = sequence_map(model, ids, flags, n_bytes=400, label=f"step {step}")
+        image = map_image(bmap, width=80, max_chars=800)  # (H,W,3)
+    return Preview(text, image)

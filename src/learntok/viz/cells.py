@@ -6,7 +6,7 @@ splits it into one `Cell` per character, coloured by the probability of the char
 appendix B convention for multi-byte characters such as "ü"). No torch or matplotlib needed here.
 
 Alignment (docs/architecture.md): model position 0 is BOS, so byte i of a text is at position i + 1, and
-a_t = 1 means byte t starts reading a new token (mark_boundaries puts a `|` before it).
+a_t = 1 means byte t starts reading a new token (plain text rendering puts a `|` before it).
 """
 
 from __future__ import annotations
@@ -69,8 +69,6 @@ class BoundaryMap:
 
     def cells(self) -> list[Cell]:
         """One cell per character (UTF-8 decoded between EOS separators); token index counts boundaries."""
-        from learntok.display import utf8_chars
-
         tokens = np.cumsum(self.mask)  # (N,) boundaries at or before each byte
         cells: list[Cell] = []
         seg_start = 0
@@ -88,6 +86,22 @@ class BoundaryMap:
         return Cell(text=text, start=s, end=e, p=float(self.probs[last]), boundary=bool(self.mask[last]),
                     inner=bool(self.mask[s:last].any()), token=int(tokens[last]),
                     hex=" ".join(f"{b:02x}" if b < 256 else "EOS" for b in self.ids[s:e]), newline=newline)
+
+
+def utf8_chars(data: bytes) -> list[tuple[str, int, int]]:
+    """Split bytes into (character, start, end) by UTF-8 lead bytes; invalid bytes become U+FFFD."""
+    out, i = [], 0
+    while i < len(data):
+        b = data[i]
+        n = 1 if b < 0x80 else 2 if b >> 5 == 0b110 else 3 if b >> 4 == 0b1110 else 4 if b >> 3 == 0b11110 else 1
+        chunk = data[i:i + n]
+        try:
+            ch = chunk.decode("utf-8")
+        except UnicodeDecodeError:
+            ch, n = "\ufffd", 1
+        out.append((ch, i, i + n))
+        i += n
+    return out
 
 
 def visible(ch: str) -> str:

@@ -25,6 +25,11 @@ import numpy as np
 from learntok.viz.mpl import pyplot
 
 FIGURES = ("bpb", "boundaries", "losses", "throughput")
+RENAMED = {"stats/p_mean": "boundary/p_mean", "stats/neg_log_pi": "boundary/neg_log_pi",
+           "stats/adv_std": "reinforce/adv_std", "stats/reward_mean": "reinforce/reward_mean",
+           "stats/ratio_loss": "boundary/ratio_loss", "lr": "train/lr", "bytes_per_s": "train/bytes_per_s",
+           "flops_per_byte": "train/flops_per_byte"}
+"""Metric names of learntok 0.1 runs and their current names (old runs still plot)."""
 
 
 @dataclass
@@ -77,7 +82,9 @@ def load_metrics(run_dir: str | Path) -> RunMetrics:
             continue
         if not isinstance(rec, dict):
             run.skipped += 1
-        elif "val/bpb" in rec:
+            continue
+        rec = {RENAMED.get(k, k): v for k, v in rec.items()}
+        if "val/bpb" in rec:
             run.evals.append(rec)
         else:
             run.train.append(rec)
@@ -174,7 +181,7 @@ def plot_boundaries(runs: list[RunMetrics]):
         target = run.config.get("boundary", {}).get("target_rate")
         if target is not None:
             ax_rate.axhline(float(target), color=c, ls=":", lw=1)
-        xs, ys = run.series("stats/neg_log_pi")
+        xs, ys = run.series("boundary/neg_log_pi")
         any_pi |= len(xs) > 0
         _line(ax_pi, xs, ys, c, run.label)
     ax_rate.set_ylabel("boundaries per byte (dotted: --target-rate)")
@@ -219,7 +226,7 @@ def plot_throughput(runs: list[RunMetrics]):
     fig, ax = plt.subplots(figsize=(7, 4.2))
     found = False
     for run, c in zip(runs, _colours(len(runs))):
-        xs, ys = run.series("bytes_per_s", "step")
+        xs, ys = run.series("train/bytes_per_s", "step")
         found |= len(xs) > 0
         _line(ax, xs, ys, c, run.label)
     if not found:

@@ -60,7 +60,7 @@ def _summary(run: RunMetrics | None) -> list[tuple[str, str]]:
     rows = []
     last = run.train[-1] if run.train else {}
     for key, name in (("step", "steps"), ("bytes", "training bytes"), ("flops", "training FLOPs"),
-                      ("time", "training seconds"), ("bytes_per_s", "last throughput (bytes/s)")):
+                      ("time", "training seconds"), ("train/bytes_per_s", "last throughput (bytes/s)")):
         if key in last:
             rows.append((name, _fmt(float(last[key]))))
     if run.evals:
@@ -92,7 +92,7 @@ def _boundary_maps(run_dir: Path, n_samples: int, sample_bytes: int, seed: int) 
     try:
         maps = validation_maps(cfg, model, n=n_samples, n_bytes=sample_bytes, seed=seed)
     except (DataError, OSError, ValueError) as e:
-        return _note(f"no boundary maps: the run's validation data ({cfg.data_cfg.data}) is not available "
+        return _note(f"no boundary maps: the run's validation data ({cfg.data.source}) is not available "
                      f"here: {e}")
     return html_legend() + "\n" + "\n".join(html_map(m) for m in maps)
 

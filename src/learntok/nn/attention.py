@@ -107,3 +107,11 @@ def reference_attention(q, k, v, *, window: int | None, cap: float) -> torch.Ten
     allowed = (rel >= 0) if window is None else (rel >= 0) & (rel < window)
     scores = scores.masked_fill(~allowed.to(q.device), float("-inf"))
     return torch.softmax(scores, dim=-1) @ v
+
+
+def attend_cached(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor,
+                  cap: float) -> torch.Tensor:
+    """One new query per row against cached keys: q (B,H,1,dh), k, v (B,H,S,dh), key_mask (B,S) bool (the slots
+    this query may see, itself included) -> (B,H,1,dh). The same soft-capped scores as the full pass."""
+    scores = scaled_scores(q, k, cap).masked_fill(~key_mask[:, None, None, :], float("-inf"))  # (B,H,1,S)
+    return torch.softmax(scores, dim=-1) @ v

@@ -1,6 +1,7 @@
-"""Data parallelism with PyTorch's own stack: torchrun sets RANK / WORLD_SIZE / LOCAL_RANK, we initialise the
-process group (NCCL on CUDA, gloo on CPU) and wrap the model in DistributedDataParallel (default) or FSDP2
-(`fully_shard`). A single process is the same code path with world size 1.
+"""Data parallelism with PyTorch's own stack (docs/distributed.md): torchrun sets RANK / WORLD_SIZE /
+LOCAL_RANK, we initialise the process group (NCCL on CUDA, gloo on CPU) and wrap the model in
+DistributedDataParallel (default) or FSDP2 (`fully_shard`). A single process is the same code path with world
+size 1.
 
 The estimator's batch statistics (per-position mean return, eq. 17; mean p for eq. 24) must be those of the
 global batch, across ranks and accumulation micro-steps. `BatchStatistics` carries their sums; a reducer maps
@@ -22,6 +23,7 @@ import torch
 import torch.distributed as tdist
 
 from learntok.boundaries.reinforce import BatchStatistics
+from learntok.device import resolve_device
 
 
 @dataclass
@@ -44,15 +46,10 @@ def init_distributed(device: str) -> Dist:
     """Join the torchrun process group when WORLD_SIZE > 1; choose the device (CUDA: one GPU per local rank)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"--device {device}: CUDA is not available on this machine")
-        if world > 1:
-            dev = torch.device("cuda", local_rank)
-            torch.cuda.set_device(dev)
+    dev = resolve_device(device)
+    if dev.type == "cuda" and world > 1:
+        dev = torch.device("cuda", local_rank)
+        torch.cuda.set_device(dev)
     if world > 1 and not tdist.is_initialized():
         tdist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo")
     return Dist(rank=rank, world=world, local_rank=local_rank, device=dev)
@@ -84,10 +81,6 @@ def boundary_noise(seed: int, step: int, rows: np.ndarray, T: int, device: torch
     resumed run draws what the uninterrupted run drew."""
     out = np.stack([np.random.default_rng([seed, step, int(r)]).random(T, dtype=np.float32) for r in rows])
     return torch.from_numpy(out).to(device)
-
-
-def local_stats(s: BatchStatistics) -> BatchStatistics:
-    return s
 
 
 class AllReduceStats:
@@ -125,3 +118,72 @@ class FixedStats:
 
     def __call__(self, _local: BatchStatistics) -> BatchStatistics:
         return self.s
+
+
+def stats_reducer(d: Dist, accum: int, pre_pass) -> AllReduceStats | FixedStats | None:
+    """The reducer that gives the estimator the global batch's statistics: none needed in one process without
+    accumulation; an all-reduce inside the forward pass across ranks; with accumulation, `pre_pass(recorder)`
+    runs every micro-batch once without gradients to record their sums, which are then all-reduced once."""
+    if not d.active and accum == 1:
+        return None
+    if accum == 1:
+        return AllReduceStats(d)
+    rec = RecordStats()
+    pre_pass(rec)
+    return rec.global_stats(d)
+
+
+def reduce_means(rec: dict[str, float], d: Dist, max_keys: tuple[str, ...] = ()) -> dict[str, float]:
+    """Average logged scalars over ranks (the maximum for `max_keys`)."""
+    if not d.active:
+        return rec
+    keys = sorted(k for k in rec if k not in max_keys)
+    vals = all_reduce_sum(torch.tensor([rec[k] for k in keys], dtype=torch.float64), d) / d.world
+    out = dict(zip(keys, vals.tolist()))
+    for k in max_keys:
+        if k in rec:
+            out[k] = float(all_reduce_max(torch.tensor(rec[k]), d))
+    return out
+
+
+def wrap_model(model: torch.nn.Module, parallel: str, d: Dist) -> torch.nn.Module:
+    """DistributedDataParallel (default) or FSDP2 under torchrun; the bare model in a single process."""
+    if not d.active:
+        return model
+    if parallel == "fsdp":
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
+            if d.device.type == "cuda" else MixedPrecisionPolicy()
+        for blk in [*model.down, *model.mid, *model.up]:
+            fully_shard(blk, mp_policy=mp)
+        return fully_shard(model, mp_policy=mp)
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    return DDP(model, device_ids=[d.device.index] if d.device.type == "cuda" else None)
+
+
+def full_state(model: torch.nn.Module, wrapped: torch.nn.Module, opt: torch.optim.Optimizer, sharded: bool
+               ) -> tuple[dict, dict]:
+    """Full (unsharded) model and optimizer state dicts; collective under FSDP2 (`sharded`), so every rank
+    calls it."""
+    if sharded:
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+            get_optimizer_state_dict,
+        )
+
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_model_state_dict(wrapped, options=opts), get_optimizer_state_dict(wrapped, opt, options=opts)
+    return model.state_dict(), opt.state_dict()
+
+
+def load_optimizer_state(wrapped: torch.nn.Module, opt: torch.optim.Optimizer, state: dict, sharded: bool) -> None:
+    """Load a full optimizer state dict (into the local shards under FSDP2)."""
+    if sharded:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        set_optimizer_state_dict(wrapped, opt, optim_state_dict=state, options=StateDictOptions(full_state_dict=True))
+    else:
+        opt.load_state_dict(state)

@@ -1,6 +1,8 @@
 """Gemma-2-style transformer pieces: RMSNorm, rotary embeddings, GeGLU MLP, attention, Block.
 
-Pure maths, no device code. Shapes: B batch, T sequence (bytes or tokens), D width, H heads.
+`forward()` processes a whole sequence; `step()` beside it processes one new position per row against a
+`KVCache` and gives the same result (tests/test_generate.py). Pure maths, no device code.
+Shapes: B batch, T sequence (bytes or tokens), D width, H heads, S cache slots.
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from learntok.model.attention import attend
+from learntok.nn.attention import attend, attend_cached
+from learntok.nn.cache import KVCache
 
 
 class RMSNorm(nn.Module):
@@ -91,6 +94,18 @@ class Attention(nn.Module):
         y = attend(q, k, v, window=self.window, cap=self.cap, backend=self.backend)  # (B,H,T,dh)
         return self.proj(y.transpose(1, 2).reshape(B, T, D))
 
+    def step(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache: KVCache, slot: torch.Tensor,
+             key_mask: torch.Tensor) -> torch.Tensor:
+        """One new position per row: x (B,1,D) -> (B,1,D). Its key and value are written into `cache` at `slot`
+        (B,) first; key_mask (B,S) bool names the slots it attends to (itself included)."""
+        B, _, D = x.shape
+        H = self.n_heads
+        qkv = self.qkv(x).view(B, 1, 3, H, D // H).permute(2, 0, 3, 1, 4)  # (3,B,H,1,dh)
+        q, k = apply_rope(qkv[:2], *rope).unbind(0)  # (B,H,1,dh) each
+        cache.write(slot, k[:, :, 0], qkv[2][:, :, 0])
+        y = attend_cached(q, cache.k, cache.v, key_mask, self.cap)  # (B,H,1,dh)
+        return self.proj(y.transpose(1, 2).reshape(B, 1, D))
+
     def _forward_packed(self, x: torch.Tensor, rope, packed: Packing) -> torch.Tensor:
         """x (N,D): the real rows of a padded (B,M) layout. Projections run on the N real rows only; q, k, v
         are scattered into the padded layout just for the attention itself."""
@@ -131,4 +146,10 @@ class Block(nn.Module):
                 packed: Packing | None = None) -> torch.Tensor:
         """x (B,T,D), or (N,D) real rows of a padded layout when `packed` is given (token level)."""
         x = x + self.attn_post(self.attn(self.attn_pre(x), rope, packed))
+        return x + self.mlp_post(self.mlp(self.mlp_pre(x)))
+
+    def step(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache: KVCache, slot: torch.Tensor,
+             key_mask: torch.Tensor) -> torch.Tensor:
+        """`forward` for one new position per row x (B,1,D) against `cache` (see `Attention.step`)."""
+        x = x + self.attn_post(self.attn.step(self.attn_pre(x), rope, cache, slot, key_mask))
         return x + self.mlp_post(self.mlp(self.mlp_pre(x)))

@@ -1,0 +1,119 @@
+"""The command line: `learntok COMMAND [options]` (also `python -m learntok ...`).
+
+Every command's options are a frozen dataclass with attribute docstrings, parsed by tyro, so `--help` documents
+each flag the same way. Bad input never ends in a traceback: a parse error or a problem found later (a missing
+file, bad data, an inconsistent setting) is one line `learntok: error: ...` on stderr and exit status 2.
+
+    train.py     train, train-entropy-model, export
+    use.py       generate, segment, vocab
+    evaluate.py  eval, compare
+    viz.py       show, plot, report
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import io
+import os
+import re
+import sys
+from collections.abc import Sequence
+from typing import TypeVar
+
+USAGE = """usage: learntok COMMAND [options]      (learntok COMMAND --help lists a command's options)
+
+commands:
+  train     train a model (presets tiny, small, paper-147m, ...; --boundaries NAME picks the strategy)
+  eval      evaluate a checkpoint the paper's way (held-out BPB, PIQA, HellaSwag, ARC-Easy, LAMBADA, boundary stats)
+  compare   Table 1 / Table 3 of evaluated runs (Markdown + CSV)
+  generate  continue a prompt (batched, cached, streaming)
+  segment   segment text with a model's learned boundaries
+  vocab     statistics of the learned segments over a corpus
+  show      boundary map of a text (terminal / --html / --png)
+  plot      training curves of runs (validation BPB vs FLOPs and bytes, rates, losses, throughput)
+  report    one self-contained HTML page per run
+  export    turn a run into a shareable model directory (config.json + model.safetensors)
+  train-entropy-model   train the small byte LM of the `entropy` (BLT) boundary strategy
+
+examples:
+  learntok train                                   # the tiny preset on this Python's stdlib sources
+  learntok train --out runs/t --max-steps 200 --boundaries uniform
+  learntok train --boundaries learned --help       # every option of the learned strategy
+  learntok train --resume runs/t --max-steps 400   # continue (and extend) a run
+"""
+
+COMMANDS = {
+    "train": "learntok.cli.train:cmd_train", "train-entropy-model": "learntok.cli.train:cmd_train_entropy_model",
+    "export": "learntok.cli.train:cmd_export",
+    "eval": "learntok.cli.evaluate:cmd_eval", "compare": "learntok.cli.evaluate:cmd_compare",
+    "generate": "learntok.cli.use:cmd_generate", "segment": "learntok.cli.use:cmd_segment",
+    "vocab": "learntok.cli.use:cmd_vocab",
+    "show": "learntok.cli.viz:cmd_show", "plot": "learntok.cli.viz:cmd_plot", "report": "learntok.cli.viz:cmd_report",
+}
+"""Command -> "module:function" taking the command's argv and returning an exit status."""
+
+
+class UsageError(ValueError):
+    """Bad command-line input; the message is printed as one line."""
+
+
+T = TypeVar("T")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_RULE = re.compile(r"^[\s\-─━═│╭╮╰╯┌┐└┘]*$")
+
+
+def one_line(tyro_error: str) -> str:
+    """tyro's boxed error text -> one line: its title and the first paragraph of its message."""
+    lines = [ln.strip(" │|\t") for ln in _ANSI.sub("", tyro_error).splitlines()]
+    lines = [ln for ln in lines if ln]
+    if not lines:
+        return "invalid arguments"
+    title, body = lines[0].strip("─╭╮ -"), []
+    for ln in lines[1:]:
+        if _RULE.match(ln):
+            if body:
+                break
+            continue
+        body.append(ln)
+    message = re.sub(r"^Error parsing (?!-)\S+: ", "", " ".join(body))
+    if not message or message.lower().startswith(title.lower()):
+        return message or title
+    return f"{title.lower()}: {message}"
+
+
+def parse(cls: type[T], argv: Sequence[str], prog: str, description: str, default: T | None = None) -> T:
+    """Parse `argv` into dataclass `cls` with tyro (`--help` prints and exits 0); a parse error raises
+    UsageError with tyro's message as one line."""
+    import tyro
+
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            return tyro.cli(cls, args=list(argv), prog=prog, description=description, default=default,
+                            config=(tyro.conf.OmitArgPrefixes,))
+    except SystemExit as e:
+        if e.code in (0, None):
+            raise
+        raise UsageError(f"{prog}: {one_line(err.getvalue())}") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0
+    if argv[0] not in COMMANDS:
+        print(f"learntok: error: unknown command {argv[0]!r}\n{USAGE}", file=sys.stderr)
+        return 2
+    module, func = COMMANDS[argv[0]].split(":")
+    try:
+        return getattr(importlib.import_module(module), func)(argv[1:])
+    except (ValueError, FileNotFoundError, NotADirectoryError) as e:  # includes UsageError and DataError
+        print(f"learntok: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # e.g. `learntok train --help | head`: the reader has gone, which is fine
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0

@@ -1,0 +1,166 @@
+"""`learntok train`, `learntok train-entropy-model` and `learntok export`.
+
+`learntok train` starts from a preset (`--preset`, default tiny) or a run to continue (`--resume DIR`), switches
+to another boundary strategy with `--boundaries NAME` (options both strategies have, such as the target rate
+and pooling, carry over), and then applies every other flag as an override. The options offered are those of
+the chosen strategy, so `--boundaries uniform --gamma 0.9` is an error that says gamma belongs to `learned`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Annotated
+
+import tyro
+
+from learntok.cli import UsageError, parse
+
+TRAIN_DESCRIPTION = """Train a byte-level U-Net whose tokenization is learned end to end.
+
+Starts from --preset NAME (tiny, small, paper-147m, paper-90m-code, paper-aspect-N; default tiny) or from the run
+in --resume DIR; every other flag overrides one setting. --boundaries NAME picks the boundary strategy (learned,
+uniform, uniform-random, whitespace, bpe, dynamic, hnet, entropy); the options listed below under "boundary" are
+those of the strategy in effect: `learntok train --boundaries NAME --help` lists another's."""
+
+
+def _flags(cls: type) -> set[str]:
+    """Command-line flags of a flat dataclass's fields (and --no-X, the negative form of a boolean)."""
+    names = ["--" + f.name.replace("_", "-") for f in dataclasses.fields(cls)]
+    return {*names, *("--no-" + n[2:] for n in names)}
+
+
+def _check_strategy_flags(argv: list[str], name: str) -> None:
+    """A flag of another boundary strategy is an error naming the strategies that have it."""
+    from learntok.boundaries import available, config_class
+
+    own = _flags(config_class(name))
+    for arg in argv:
+        flag = arg.split("=")[0]
+        if not flag.startswith("--") or flag in own:
+            continue
+        owners = [s for s in available() if flag in _flags(config_class(s))]
+        if owners:
+            raise UsageError(f"{flag} is an option of --boundaries {' / '.join(owners)}, not of --boundaries {name}")
+
+
+def parse_train_args(argv: list[str]):
+    """The TrainConfig of `learntok train argv...`."""
+    from learntok.boundaries import config_class
+    from learntok.config import TrainConfig, load_json
+    from learntok.presets import get_preset
+
+    pre = argparse.ArgumentParser(add_help=False)
+    for flag in ("--preset", "--resume", "--boundaries"):
+        pre.add_argument(flag, default=None)
+    known, _ = pre.parse_known_args(argv)
+    if known.resume:
+        cfg_path = Path(known.resume) / "config.json"
+        if not cfg_path.exists():
+            raise UsageError(f"--resume {known.resume}: no config.json there (not a learntok run directory)")
+        base = replace(load_json(str(cfg_path)), resume=known.resume, out=known.resume)
+        if known.boundaries and known.boundaries != base.boundary.boundaries:
+            raise UsageError(f"--resume {known.resume}: the run trains --boundaries {base.boundary.boundaries}; "
+                             f"a run cannot switch to {known.boundaries} (start a new run instead)")
+    else:
+        base = get_preset(known.preset or "tiny")
+        if known.boundaries and known.boundaries != base.boundary.boundaries:
+            base = replace(base, boundary=base.boundary.converted(config_class(known.boundaries)))
+    cls = type(base.boundary)
+    _check_strategy_flags(argv, base.boundary.boundaries)
+    return parse(TrainConfig[cls], argv, "learntok train", TRAIN_DESCRIPTION, default=base)
+
+
+def fresh_out(cfg):
+    """cfg itself, or with --out moved to OUT-2, OUT-3, ... when OUT already holds a run (never overwritten
+    silently; --resume continues it, --overwrite replaces it)."""
+    out = Path(cfg.out)
+    if cfg.resume or cfg.overwrite or not (out / "metrics.jsonl").exists():
+        return cfg
+    n = 2
+    while (out.parent / f"{out.name}-{n}" / "metrics.jsonl").exists():
+        n += 1
+    fresh = out.parent / f"{out.name}-{n}"
+    print(f"{out} already holds a run; writing to {fresh} (continue the old one with --resume {out}, "
+          "replace it with --overwrite)", file=sys.stderr)
+    return replace(cfg, out=str(fresh))
+
+
+def cmd_train(argv: list[str]) -> int:
+    from learntok.train import train
+    from learntok.viz.boundary_map import preview_hook
+
+    cfg = fresh_out(parse_train_args(argv))
+    result = train(cfg, on_eval=preview_hook)
+    if int(os.environ.get("RANK", "0")) != 0:  # under torchrun only rank 0 reports
+        return 0
+    print(f"\ndone: {result.steps} steps, {result.bytes_seen / 1e6:.2f} MB in {result.seconds:.0f} s "
+          f"({result.bytes_per_s / 1e3:.1f} kB/s)")
+    print(f"validation bits per byte: {result.val_bpb:.4f}")
+    target = getattr(cfg.boundary, "target_rate", None)
+    print(f"boundary rate: {result.val_rate:.3f}" + (f" (target {target:.3f})" if target is not None else ""))
+    print(f"run directory: {result.out}")
+    print("held-out sample, boundaries marked:\n" + result.sample)
+    return 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class EntropyModelArgs:
+    """Train the small byte LM whose next-byte entropy places the boundaries of --boundaries entropy (BLT entropy
+    patching)."""
+
+    out: str
+    """Output directory (config.json + model.safetensors)."""
+    data: str = "stdlib"
+    """Training data (same spellings as learntok train --data)."""
+    val_data: str | None = None
+    """Validation data (default: a split of --data)."""
+    steps: int = 600
+    """Optimizer steps."""
+    seq_len: int = 256
+    """Bytes per training sequence."""
+    batch_size: int = 16
+    """Sequences per step."""
+    lr: float = 3e-3
+    """Peak AdamW learning rate."""
+    seed: int = 0
+    """Seed for initialisation and data order."""
+
+
+def cmd_train_entropy_model(argv: list[str]) -> int:
+    from learntok.config import DataConfig
+    from learntok.data import describe, load_splits
+    from learntok.entropy_model import train_entropy_model
+
+    a = parse(EntropyModelArgs, argv, "learntok train-entropy-model", EntropyModelArgs.__doc__ or "")
+    if min(a.steps, a.seq_len - 1, a.batch_size) < 1 or a.lr <= 0:
+        raise UsageError("--steps and --batch-size must be >= 1, --seq-len >= 2 and --lr > 0")
+    train_docs, val_docs = load_splits(DataConfig(source=a.data, val_data=a.val_data))
+    print(describe(train_docs, val_docs))
+    out = train_entropy_model(train_docs, val_docs, a.out, steps=a.steps, seq_len=a.seq_len,
+                              batch_size=a.batch_size, lr=a.lr, seed=a.seed)
+    print(f"saved to {out}; use it with: learntok train --boundaries entropy --entropy-model {out}")
+    return 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExportArgs:
+    """Convert a training run into a shareable model directory (config.json + model.safetensors, plus the
+    strategy's files such as a BPE tokenizer), loadable with learntok.from_pretrained."""
+
+    run_dir: Annotated[str, tyro.conf.Positional]
+    """The run directory (its latest checkpoint) or a checkpoint directory run/step_N."""
+    out_dir: Annotated[str, tyro.conf.Positional]
+    """Where to write the model directory."""
+
+
+def cmd_export(argv: list[str]) -> int:
+    from learntok.pretrained import export_run
+
+    a = parse(ExportArgs, argv, "learntok export", ExportArgs.__doc__ or "")
+    print(f"wrote {export_run(a.run_dir, a.out_dir)}")
+    return 0

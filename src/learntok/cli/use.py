@@ -1,0 +1,161 @@
+"""Using a trained model: `learntok generate`, `learntok segment`, `learntok vocab`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Literal
+
+import tyro
+
+from learntok.cli import UsageError, parse
+
+
+def read_input(text: str | None, file: str | None, default: bytes | None = None) -> bytes:
+    """The bytes of --text, or of --file (`-` = stdin), or `default` (None: stdin); both flags is an error."""
+    if text is not None and file is not None:
+        raise UsageError("give --text or --file, not both")
+    if text is not None:
+        return text.encode("utf-8")
+    if file is None and default is not None:
+        return default
+    if file is None or file == "-":
+        return sys.stdin.buffer.read()
+    path = Path(file)
+    if not path.exists():
+        raise FileNotFoundError(f"--file {file}: no such file")
+    if not path.is_file():
+        raise UsageError(f"--file {file}: not a regular file")
+    return path.read_bytes()
+
+
+@dataclass(frozen=True, kw_only=True)
+class GenerateArgs:
+    """Continue prompts, streaming bytes as they are produced (cached at the byte and token levels)."""
+
+    checkpoint: Annotated[str, tyro.conf.Positional]
+    """Run directory or exported model directory."""
+    prompt: Annotated[tuple[str, ...], tyro.conf.UseAppendAction]
+    """A prompt; repeat the flag for a batch (then each output is printed as a JSON line)."""
+    max_new_bytes: int = 200
+    """Bytes to generate per prompt."""
+    temperature: float = 0.8
+    """Sampling temperature (0 = greedy)."""
+    top_k: int = 0
+    """Sample from the k most likely bytes (0 = all)."""
+    top_p: float = 1.0
+    """Nucleus sampling: the smallest set of bytes with this much probability."""
+    seed: int = 0
+    """Seed of the byte sampling and the boundary noise."""
+    stop: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()
+    """Stop a row when its output ends with this (repeatable)."""
+    cache: bool = True
+    """Cached steps (--no-cache recomputes the full forward pass every byte)."""
+    device: str = "cpu"
+    """cpu, cuda, cuda:N or auto."""
+
+    def __post_init__(self) -> None:
+        if not self.prompt:
+            raise ValueError("give at least one --prompt")
+        if self.max_new_bytes < 0 or self.top_k < 0 or self.temperature < 0 or not 0 < self.top_p <= 1:
+            raise ValueError("--max-new-bytes, --top-k and --temperature must be non-negative and --top-p in (0, 1] "
+                             f"(got {self.max_new_bytes}, {self.top_k}, {self.temperature}, {self.top_p})")
+
+
+def cmd_generate(argv: list[str]) -> int:
+    a = parse(GenerateArgs, argv, "learntok generate", GenerateArgs.__doc__ or "")
+    from learntok.device import resolve_device
+    from learntok.generation import generate
+    from learntok.pretrained import from_pretrained
+
+    model = from_pretrained(a.checkpoint, resolve_device(a.device))
+    single = len(a.prompt) == 1
+    if single:
+        sys.stdout.write(a.prompt[0])
+    outs = generate(model, list(a.prompt), a.max_new_bytes, temperature=a.temperature, top_k=a.top_k, top_p=a.top_p,
+                    seed=a.seed, stop=[s.encode() for s in a.stop], use_cache=a.cache,
+                    on_text=(lambda _b, text: (sys.stdout.write(text), sys.stdout.flush())) if single else None)
+    if single:
+        sys.stdout.write("\n")
+    else:
+        for prompt, out in zip(a.prompt, outs):
+            print(json.dumps({"prompt": prompt, "output": out.decode("utf-8", errors="replace")}))
+    return 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class SegmentArgs:
+    """Segment text with a model's learned boundaries (a boundary byte starts a segment)."""
+
+    checkpoint: Annotated[str, tyro.conf.Positional]
+    """Run directory or exported model directory."""
+    text: str | None = None
+    """The text to segment (default: standard input)."""
+    file: str | None = None
+    """A file to segment (its bytes as they are; - = standard input)."""
+    greedy: bool = False
+    """A boundary where p > 0.5, instead of sampling with --seed (the paper's evaluation)."""
+    seed: int = 0
+    """Seed of the boundary draws."""
+    format: Literal["text", "jsonl"] = "text"
+    """text: segments joined by --sep; jsonl: one {start, end, text} object per segment (byte offsets)."""
+    sep: str = "|"
+    """Separator for --format text."""
+    out: str | None = None
+    """Write here instead of standard output."""
+
+
+def cmd_segment(argv: list[str]) -> int:
+    a = parse(SegmentArgs, argv, "learntok segment", SegmentArgs.__doc__ or "")
+    data = read_input(a.text, a.file)
+    from learntok.segment import Segmenter
+
+    spans = Segmenter.from_pretrained(a.checkpoint, greedy=a.greedy, seed=a.seed).segment(data)
+    if a.format == "jsonl":
+        text = "".join(json.dumps({"start": s.start, "end": s.end, "text": s.text}) + "\n" for s in spans)
+    else:
+        text = a.sep.join(s.text for s in spans) + "\n"
+    if a.out:
+        Path(a.out).write_text(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class VocabArgs:
+    """Statistics of the learned segments over a corpus: most frequent segments, mean length, share of whole
+    words."""
+
+    checkpoint: Annotated[str, tyro.conf.Positional]
+    """Run directory or exported model directory."""
+    data: str
+    """Any data spec `learntok train --data` accepts."""
+    text_field: str = "text"
+    """Field holding the text in .jsonl/.parquet rows."""
+    max_bytes: int = 200_000
+    """Bytes of the corpus to segment."""
+    top: int = 30
+    """Most frequent segments to list."""
+
+
+def cmd_vocab(argv: list[str]) -> int:
+    a = parse(VocabArgs, argv, "learntok vocab", VocabArgs.__doc__ or "")
+    from learntok.data import iter_documents
+    from learntok.segment import Segmenter, vocab_stats
+
+    seg = Segmenter.from_pretrained(a.checkpoint)
+    docs, total = [], 0
+    for _, doc in iter_documents(a.data, a.text_field):
+        docs.append(doc[: a.max_bytes - total])
+        total += len(docs[-1])
+        if total >= a.max_bytes:
+            break
+    stats = vocab_stats(docs, [seg.segment(d) for d in docs], top=a.top)
+    print(f"{stats['segments']:,} segments ({stats['distinct']:,} distinct) over {total:,} bytes; "
+          f"mean {stats['mean_bytes']:.2f} bytes; whole words {100 * stats['whole_word_share']:.1f}%")
+    for text, count in stats["most_frequent"]:
+        print(f"{count:8d}  {text!r}")
+    return 0

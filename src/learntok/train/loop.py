@@ -1,0 +1,219 @@
+"""The training loop: `train(cfg) -> RunResult`.
+
+One step (docs/architecture.md walks through it): the global batch's rows for this process, their boundary
+noise, and for each micro-batch the forward pass (encoder, boundaries, token stack, decoder, both heads), the
+estimator's rewards / returns / advantages and all losses, and backward; then clipping, AdamW and the learning
+rate for the next step. Every `log_every` steps a line goes to metrics.jsonl with bytes seen and cumulative
+training FLOPs (paper accounting), so curves can be drawn against either. Under torchrun every rank runs this
+same function; rank 0 alone logs and writes files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as tdist
+
+from learntok.config import TrainConfig
+from learntok.data import BatchIterator, ByteSequences, describe, load_splits, val_batches_with_flags
+from learntok.model.lm import ByteLM
+from learntok.train.logs import Sinks, StepMetrics
+from learntok.train.parallel import (
+    Dist,
+    all_reduce_max,
+    all_reduce_sum,
+    boundary_noise,
+    init_distributed,
+    load_optimizer_state,
+    stats_reducer,
+    wrap_model,
+)
+from learntok.train.schedule import UNBOUNDED_STEPS, Stopwatch, check_config, lr_at, make_optimizer, total_steps
+from learntok.train.state import TrainState, open_run_dir, restore_state, save_state, write_config
+from learntok.train.validation import EvalHook, first_row, validate
+
+
+@dataclass
+class RunResult:
+    out: Path
+    steps: int
+    bytes_seen: int
+    val_bpb: float
+    val_rate: float
+    seconds: float
+    """Training time (evaluation and checkpoints excluded)."""
+    bytes_per_s: float
+    sample: str
+    """A held-out snippet with the final model's boundaries marked, from the `on_eval` hook ("" without one)."""
+
+
+def train(cfg: TrainConfig, *, log=print, on_eval: EvalHook | None = None) -> RunResult:
+    """Train `cfg` (continuing the run in cfg.resume if set) and return the final numbers. `on_eval` shows a
+    held-out sample at each evaluation and at the end (the command line passes `learntok.viz.preview_hook`)."""
+    check_config(cfg)
+    if cfg.threads > 0:
+        torch.set_num_threads(cfg.threads)
+    d = init_distributed(cfg.device)
+    per_rank, micro, accum = batch_split(cfg, d)
+    log = log if d.is_main else (lambda *_a, **_k: None)
+    out = Path(cfg.resume or cfg.out)
+    torch.manual_seed(cfg.seed)
+    model = ByteLM(cfg.model, cfg.boundary).to(d.device)
+    train_seqs, val_seqs = load_data(cfg, model, out, d, log)
+    val = val_batches_with_flags(val_seqs, micro, cfg.data.val_bytes)
+    batches = BatchIterator(train_seqs, per_rank, cfg.seed, rank=d.rank, world_size=d.world)
+    ckpt = open_run_dir(out, bool(cfg.resume), cfg.overwrite, d)
+    state, optim_state = restore_state(ckpt, model, batches) if ckpt is not None else (TrainState(), None)
+    if ckpt is not None:
+        log(f"resumed from {ckpt} at step {state.step}")
+    sharded = cfg.parallel == "fsdp" and d.active
+    wrapped = wrap_model(model, cfg.parallel, d)
+    opt = make_optimizer(model, cfg.optim)
+    if optim_state is not None:
+        load_optimizer_state(wrapped, opt, optim_state, sharded)
+    if d.is_main:
+        write_config(out, cfg, d.world)
+    log(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, matrix params (byte, token) "
+        f"= {model.matrix_params()}, boundaries={cfg.boundary.boundaries}, device={d.device}, processes={d.world}, "
+        f"accumulation={accum}")
+    fwd = torch.compile(wrapped) if cfg.compile else wrapped
+    evaluates = d.is_main or sharded  # FSDP's forward is collective: every rank evaluates
+    steps = total_steps(cfg)
+    bytes_per_step = cfg.batch_size * cfg.data.seq_len
+    sinks = Sinks(out, d, progress=cfg.progress, tensorboard=cfg.tensorboard,
+                  total=steps if steps < UNBOUNDED_STEPS else None, initial=state.step, log=log)
+    window, clock = StepMetrics(), Stopwatch(state.elapsed)
+    window_start = (clock.elapsed(), state.bytes_seen)
+
+    def save(barrier: bool = True) -> None:
+        save_state(out, model, wrapped, opt, batches, state, d, sharded=sharded, barrier=barrier)
+
+    def evaluate(final: bool) -> dict:
+        ev = validate(model, val, d.device) if evaluates else {"val/bpb": float("nan"), "val/rate": float("nan")}
+        sinks.write({"step": state.step, "bytes": state.bytes_seen, "flops": state.flops, "time": state.elapsed,
+                     **ev})
+        if on_eval is not None and evaluates:
+            view = on_eval(model, first_row(val), None if final else state.step, sinks.wants_images and not final)
+            ev["sample"] = view.text
+            if d.is_main and not final:
+                sinks.note(f"step {state.step}: val bpb {ev['val/bpb']:.4f}, rate {ev['val/rate']:.3f}  {view.text}")
+                sinks.image(state.step, view.image)
+        if d.active:
+            tdist.barrier()
+        return ev
+
+    model.train()
+    try:
+        while state.step < steps:
+            # Every rank uses the slowest rank's clock: all stop at the same step and, with --schedule time,
+            # all apply the same learning rate (DDP/FSDP replicas must take identical steps).
+            now = float(all_reduce_max(torch.tensor(clock.elapsed()), d)) if cfg.time_budget else 0.0
+            if cfg.time_budget and now >= cfg.time_budget:
+                log(f"time budget of {cfg.time_budget:.0f} s reached at step {state.step}")
+                break
+            lr = lr_at(cfg.optim, state.bytes_seen, steps * bytes_per_step, now, cfg.time_budget)
+            for group in opt.param_groups:
+                group["lr"] = lr
+            tokens = train_step(cfg, model, wrapped, fwd, opt, batches, state.step, d, micro, accum, window)
+            state.step += 1
+            state.bytes_seen += bytes_per_step
+            state.tokens_seen += tokens
+            state.flops += model.train_flops(bytes_per_step, tokens)
+            if state.step % cfg.log_every == 0 or state.step == steps:
+                t, b = clock.elapsed(), state.bytes_seen
+                sinks.training({**window.window(d), "step": state.step, "bytes": b, "flops": state.flops,
+                                "train/flops_per_byte": state.flops / b, "train/lr": lr, "time": t,
+                                "train/bytes_per_s": (b - window_start[1]) / max(t - window_start[0], 1e-9)})
+                window_start = (t, b)
+            sinks.stepped()
+            state.elapsed = clock.elapsed()
+            with clock.paused():  # evaluation and checkpoints do not count as training time
+                if cfg.eval_every and state.step % cfg.eval_every == 0 and state.step < steps:
+                    evaluate(final=False)
+                if cfg.ckpt_every and state.step % cfg.ckpt_every == 0:
+                    save()
+    except KeyboardInterrupt:
+        log(f"interrupted at step {state.step}; saving a checkpoint (resume with: learntok train --resume {out})")
+        if not sharded:  # gathering shards is collective, and the other ranks may be gone
+            state.elapsed = clock.elapsed()
+            save(barrier=False)
+        raise
+    try:
+        seconds = state.elapsed = clock.elapsed()
+        save()
+        ev = evaluate(final=True)
+    finally:
+        sinks.close()
+    return RunResult(out=out, steps=state.step, bytes_seen=state.bytes_seen, val_bpb=ev["val/bpb"],
+                     val_rate=ev["val/rate"], seconds=seconds, bytes_per_s=state.bytes_seen / max(seconds, 1e-9),
+                     sample=ev.get("sample", ""))
+
+
+def batch_split(cfg: TrainConfig, d: Dist) -> tuple[int, int, int]:
+    """(sequences per process, per micro-batch, micro-batches per step) of the global batch."""
+    if cfg.batch_size % d.world:
+        raise ValueError(f"batch_size={cfg.batch_size} is not divisible by the {d.world} processes")
+    per_rank = cfg.batch_size // d.world
+    micro = cfg.micro_batch_size or per_rank
+    if per_rank % micro:
+        raise ValueError(f"per-process batch {per_rank} is not a multiple of micro_batch_size={micro}")
+    return per_rank, micro, per_rank // micro
+
+
+def load_data(cfg: TrainConfig, model: ByteLM, out: Path, d: Dist, log) -> tuple[ByteSequences, ByteSequences]:
+    """Both splits as sequences. The strategy is prepared on the documents first (e.g. a BPE tokenizer trained
+    and saved in `out` by rank 0, then loaded by the others), and annotates them if it prescribes boundaries."""
+    train_docs, val_docs = load_splits(cfg.data)
+    log(describe(train_docs, val_docs))
+    strategy = model.boundary
+    if d.is_main:
+        strategy.prepare(train_docs, val_docs, out)
+    if d.active:
+        tdist.barrier()
+        if not d.is_main:
+            strategy.prepare(train_docs, val_docs, out)
+    dc, annotate = cfg.data, strategy.annotator
+    return (ByteSequences(train_docs, dc.seq_len, dc.pack, name="training data", annotate=annotate),
+            ByteSequences(val_docs, dc.seq_len, dc.pack, name="validation data", annotate=annotate))
+
+
+def train_step(cfg: TrainConfig, model: ByteLM, wrapped, fwd, opt, batches: BatchIterator, step: int, d: Dist,
+               micro: int, accum: int, window: StepMetrics) -> int:
+    """One optimizer update on this process's rows of the next global batch; returns the tokens the whole
+    update formed (all processes)."""
+    batch, flags = batches.next_with_flags()  # (per_rank, seq_len + 1) ids, flags or None
+    batch = batch.to(d.device)
+    rows = d.rank * batch.shape[0] + np.arange(batch.shape[0])  # global row indices of this rank's sequences
+    noise = boundary_noise(cfg.seed, step, rows, cfg.data.seq_len, d.device)  # (per_rank, T)
+    parts = []  # (ids, targets, noise, prescribed) per micro-batch
+    for i in range(0, batch.shape[0], micro):
+        fl = None if flags is None else flags[i:i + micro, :-1].to(d.device)
+        parts.append((batch[i:i + micro, :-1], batch[i:i + micro, 1:], noise[i:i + micro], fl))
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if d.device.type == "cuda" else contextlib.nullcontext()
+
+    def pre_pass(recorder) -> None:  # the micro-batches once without gradients, for the global statistics
+        with torch.no_grad(), autocast:
+            for ids, targets, nz, fl in parts:
+                model(ids, targets, noise=nz, prescribed=fl, batch_stats=recorder)
+
+    reducer = stats_reducer(d, accum, pre_pass) if model.boundary.uses_rewards else None
+    tokens = 0
+    for i, (ids, targets, nz, fl) in enumerate(parts):
+        sync = contextlib.nullcontext()
+        if d.active and cfg.parallel == "ddp" and i < accum - 1:
+            sync = wrapped.no_sync()  # gradients are all-reduced once, after the last micro-step
+        with sync:  # one context for forward and backward (a no_sync context is entered once)
+            with autocast:
+                out = fwd(ids, targets, noise=nz, prescribed=fl, batch_stats=reducer)
+            (out.loss / accum).backward()
+        tokens += int(out.n_tokens.sum())
+        window.add_micro(out, accum)
+    clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
+    window.end_step(float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip)))
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return int(all_reduce_sum(torch.tensor(tokens, dtype=torch.float64), d))

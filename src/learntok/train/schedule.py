@@ -1,0 +1,85 @@
+"""How long a run trains and at what learning rate: the step count, the warm-up + cosine schedule, AdamW, and
+the clock that measures training time without evaluation and checkpoint pauses."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+from learntok.config import OptimConfig, TrainConfig
+
+UNBOUNDED_STEPS = 10**12
+"""Step count of a time-scheduled run without --max-steps / --max-bytes: its budget ends it first."""
+
+
+def check_config(cfg: TrainConfig) -> None:
+    """Reject inconsistent settings with one clear line before any work is done."""
+    mc, dc = cfg.model, cfg.data
+    problems = []
+    if dc.seq_len < 2:
+        problems.append(f"seq_len={dc.seq_len} is too short (need at least 2 bytes)")
+    if dc.seq_len < mc.byte_window:
+        problems.append(f"seq_len={dc.seq_len} is shorter than the byte window ({mc.byte_window}) this model needs")
+    mb = cfg.micro_batch_size or cfg.batch_size
+    if cfg.batch_size < 1 or mb < 1 or cfg.batch_size % mb:
+        problems.append(f"batch_size={cfg.batch_size} must be a positive multiple of micro_batch_size={mb}")
+    if cfg.optim.schedule == "time" and cfg.time_budget <= 0:
+        problems.append("--schedule time needs --time-budget SECONDS")
+    if cfg.max_steps <= 0 and cfg.max_bytes <= 0 and cfg.optim.schedule != "time":
+        problems.append("give a training length: --max-steps N or --max-bytes N")
+    if problems:
+        raise ValueError("; ".join(problems))
+
+
+def total_steps(cfg: TrainConfig) -> int:
+    """Optimizer steps the run is set up for: --max-steps if given, else --max-bytes in whole global batches
+    (a time-scheduled run without a length: until its budget ends)."""
+    if cfg.max_steps > 0:
+        return cfg.max_steps
+    if cfg.max_bytes <= 0 and cfg.optim.schedule == "time":
+        return UNBOUNDED_STEPS
+    return max(1, math.ceil(cfg.max_bytes / (cfg.batch_size * cfg.data.seq_len)))
+
+
+def lr_at(opt: OptimConfig, bytes_seen: float, total_bytes: float, elapsed: float = 0.0,
+          time_budget: float = 0.0) -> float:
+    """Linear warm-up over warmup_bytes, then cosine decay to min_lr_ratio * lr at total_bytes (or, with
+    schedule = "time", at elapsed = time_budget seconds)."""
+    if bytes_seen < opt.warmup_bytes:
+        return opt.lr * (bytes_seen + 1) / opt.warmup_bytes
+    if opt.schedule == "time":
+        frac = min(1.0, elapsed / time_budget)
+    else:
+        frac = min(1.0, (bytes_seen - opt.warmup_bytes) / max(1.0, total_bytes - opt.warmup_bytes))
+    return opt.lr * (opt.min_lr_ratio + (1 - opt.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def make_optimizer(model: torch.nn.Module, opt: OptimConfig) -> torch.optim.AdamW:
+    """AdamW; weight decay on matrices only (not norms, biases or the byte embedding)."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        (decay if p.dim() >= 2 and not name.startswith("embed") else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": opt.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=opt.lr, betas=(opt.beta1, opt.beta2), foreach=True)
+
+
+class Stopwatch:
+    """Training time: wall-clock seconds minus those spent in `paused()` blocks (evaluation, checkpoints)."""
+
+    def __init__(self, start: float = 0.0):
+        self._origin = time.perf_counter() - start
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self._origin
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._origin += time.perf_counter() - t
