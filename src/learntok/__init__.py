@@ -1,6 +1,6 @@
 """learntok: byte-level language models that learn their own tokenization end to end."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 
 def from_pretrained(path, device="cpu"):
@@ -14,6 +14,13 @@ def save_pretrained(model, out_dir, *, seq_len: int, source_dir=None):
     from learntok.pretrained import save_pretrained as _save
 
     return _save(model, out_dir, seq_len=seq_len, source_dir=source_dir)
+
+
+def generate(model, prompts, max_new_bytes: int = 200, **kw) -> list[bytes]:
+    """Batched cached generation (see learntok.generation.generate for the options)."""
+    from learntok.generation import generate as _generate
+
+    return _generate(model, prompts, max_new_bytes, **kw)
 
 
 def __getattr__(name):  # lazy: `learntok.Segmenter` without importing torch at package import

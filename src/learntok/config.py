@@ -163,7 +163,8 @@ class TrainConfig(Generic[B]):
     """Under torchrun: DistributedDataParallel, or FSDP2 (fully_shard per block) for models that do not fit
     one device. Ignored in a single process."""
     compile: bool = False
-    """torch.compile the model (about 2x on CPU after a ~1 min warm-up)."""
+    """torch.compile the model (1.05-1.2x per step on a 2-core CPU after about a minute of compiling;
+    bench/README.md)."""
     threads: int = 0
     """CPU threads for PyTorch (0 = PyTorch's default)."""
     log_every: int = 10

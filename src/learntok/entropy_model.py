@@ -23,7 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from safetensors.torch import load_model, save_model
 
-from learntok.bpb import BitsPerByte
+from learntok.bpb import LN2, BitsPerByte
 from learntok.data import BatchIterator, ByteSequences, val_batches
 from learntok.nn.layers import Block, RMSNorm, rope_tables
 from learntok.vocab import VOCAB_SIZE
@@ -206,7 +206,7 @@ def fit_entropy_model(train_docs: Sequence[bytes], val_docs: Sequence[bytes], *,
         nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         if step == 1 or step % every == 0 or step == steps:
-            log(f"entropy model step {step}/{steps}: train bpb {loss.item() / math.log(2):.3f} "
+            log(f"entropy model step {step}/{steps}: train bpb {loss.item() / LN2:.3f} "
                 f"({time.perf_counter() - t0:.1f} s)")
     seconds = time.perf_counter() - t0
     model.eval().requires_grad_(False)

@@ -219,7 +219,7 @@ def prefix_last_token_lengths(tokenizer: Tokenizer, doc: bytes, n: int | None = 
 
 def lookahead_leak_rate(tokenizer: Tokenizer, docs: Sequence[bytes], max_bytes: int = 4096,
                         context: int | None = 2) -> dict[str, float]:
-    """How often a byte's BPE flag changes when the bytes after it are hidden (baselines.md §2d).
+    """How often a byte's BPE flag changes when the bytes after it are hidden (docs/baselines.md).
 
     For each position t of each document (the first `max_bytes` positions in all, each document tokenised whole),
     compare the flag from tokenising the whole document with the flag from tokenising only doc[:t+1]:

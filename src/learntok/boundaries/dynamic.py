@@ -88,8 +88,8 @@ def nawrot_dense_weights(ste: torch.Tensor, M: int, upsample: bool) -> torch.Ten
     B, T = ste.shape
     c = ste.float().cumsum(1)  # (B,T) inclusive count
     c = c - ste.float() if not upsample else c - 1.0  # down: g(t) = sum_{i<t}; up: c(t) = sum_{i<=t} - 1
-    foo = torch.arange(M, device=ste.device, dtype=torch.float32) - c.unsqueeze(-1)  # (B,T,M) s - count_t
-    w = torch.where(foo == 0, 1.0 - foo, torch.zeros_like(foo))  # (B,T,M)
+    dist = torch.arange(M, device=ste.device, dtype=torch.float32) - c.unsqueeze(-1)  # (B,T,M) s - count_t
+    w = torch.where(dist == 0, 1.0 - dist, torch.zeros_like(dist))  # (B,T,M)
     return w / (w.sum(dim=2 if upsample else 1, keepdim=True) + 1e-9)
 
 

@@ -1,7 +1,8 @@
 """SpaceByte's rule (Slagle 2024): a boundary at a spacelike byte that follows a non-spacelike one.
 
-Spacelike bytes: ASCII whitespace and punctuation/symbols (not letters, digits or UTF-8 bytes >= 0x80), as in
-SpaceByte, so runs of spaces or punctuation give one boundary at their start. a_t depends on x_t and x_{t-1}
+Spacelike bytes: ASCII whitespace and punctuation/symbols; letters, digits and every byte >= 0x80 are word
+bytes (SpaceByte's own code counts UTF-8 lead bytes as spacelike, which splits non-Latin text more finely;
+docs/baselines.md). Runs of spaces or punctuation give one boundary at their start. a_t depends on x_t and x_{t-1}
 only: causal by construction. The rate is whatever the text gives (reported, not set)."""
 
 from __future__ import annotations

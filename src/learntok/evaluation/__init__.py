@@ -1,4 +1,4 @@
-"""Evaluation the paper's way (method.md §6, paper Appendix D): held-out bits per byte, downstream tasks from
+"""Evaluation the paper's way (paper Appendix D, docs/method.md): held-out bits per byte, downstream tasks from
 local files, boundary statistics, inference FLOPs, and the tables of `learntok compare`.
 
     bpb.py       scoring: held-out BPB, continuation log-likelihoods, greedy decoding; boundary modes

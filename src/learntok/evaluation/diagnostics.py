@@ -42,18 +42,19 @@ def boundary_diagnostics(model, batches: list[tuple[torch.Tensor, torch.Tensor |
         for batch, flags in batches:
             batch = batch.to(device)
             ids, targets = batch[:, :-1], batch[:, 1:]
-            fl = None if flags is None else flags[:, :-1].to(device)
-            out = model(ids, targets, generator=gens["own"], prescribed=fl)
+            prescribed = None if flags is None else flags[:, :-1].to(device)
+            out = model(ids, targets, generator=gens["own"], prescribed=prescribed)
             mask = out.boundaries.mask
             bpb["own"].add(out.nll, targets)
             valid = targets != IGNORE
             valid[:, 0] = False  # a_0 is forced
             rate = float(mask[valid].float().mean()) if valid.any() else 0.0
             rate0 = torch.zeros_like(mask)
-            bpb["rate0"].add(model(ids, targets, generator=gens["rate0"], prescribed=fl, boundaries=rate0).nll, targets)
+            bpb["rate0"].add(model(ids, targets, generator=gens["rate0"], prescribed=prescribed, boundaries=rate0).nll,
+                             targets)
             random = (torch.rand(mask.shape, generator=rnd) < rate).to(mask.device)
-            bpb["random"].add(model(ids, targets, generator=gens["random"], prescribed=fl, boundaries=random).nll,
-                              targets)
+            bpb["random"].add(model(ids, targets, generator=gens["random"], prescribed=prescribed,
+                                    boundaries=random).nll, targets)
             n_pos += int(valid.sum())
             n_bound += int(mask[valid].sum())
             ref = spacebyte_boundaries(ids)

@@ -100,8 +100,8 @@ class LearntokLM(LM):
         gen = greedy_decode(self.model, contexts, [text_key(c) for c in contexts], limits, self.window, self.mode,
                             batch_size=self.batch, stop=lambda i, g: any(s in g for s in stops[i]))
         out = []
-        for r, g, st in zip(requests, gen, stops):
-            cut = min([g.find(s) for s in st if s in g] or [len(g)])
+        for r, g, row_stops in zip(requests, gen, stops):
+            cut = min([g.find(s) for s in row_stops if s in g] or [len(g)])
             text = g[:cut].decode("utf-8", errors="ignore")
             self.cache_hook.add_partial("generate_until", r.args, text)
             out.append(text)

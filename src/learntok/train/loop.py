@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -35,6 +36,17 @@ from learntok.train.parallel import (
 from learntok.train.schedule import UNBOUNDED_STEPS, Stopwatch, check_config, lr_at, make_optimizer, total_steps
 from learntok.train.state import TrainState, open_run_dir, restore_state, save_state, write_config
 from learntok.train.validation import EvalHook, first_row, validate
+
+
+class MicroBatch(NamedTuple):
+    ids: torch.Tensor
+    """(b, T) input ids, BOS first."""
+    targets: torch.Tensor
+    """(b, T) the next ids."""
+    noise: torch.Tensor
+    """(b, T) boundary uniforms."""
+    prescribed: torch.Tensor | None
+    """(b, T) prescribed boundary flags, for strategies that annotate their data."""
 
 
 @dataclass
@@ -189,26 +201,25 @@ def train_step(cfg: TrainConfig, model: ByteLM, wrapped, fwd, opt, batches: Batc
     batch = batch.to(d.device)
     rows = d.rank * batch.shape[0] + np.arange(batch.shape[0])  # global row indices of this rank's sequences
     noise = boundary_noise(cfg.seed, step, rows, cfg.data.seq_len, d.device)  # (per_rank, T)
-    parts = []  # (ids, targets, noise, prescribed) per micro-batch
-    for i in range(0, batch.shape[0], micro):
-        fl = None if flags is None else flags[i:i + micro, :-1].to(d.device)
-        parts.append((batch[i:i + micro, :-1], batch[i:i + micro, 1:], noise[i:i + micro], fl))
+    parts = [MicroBatch(batch[i:i + micro, :-1], batch[i:i + micro, 1:], noise[i:i + micro],
+                        None if flags is None else flags[i:i + micro, :-1].to(d.device))
+             for i in range(0, batch.shape[0], micro)]
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if d.device.type == "cuda" else contextlib.nullcontext()
 
     def pre_pass(recorder) -> None:  # the micro-batches once without gradients, for the global statistics
         with torch.no_grad(), autocast:
-            for ids, targets, nz, fl in parts:
-                model(ids, targets, noise=nz, prescribed=fl, batch_stats=recorder)
+            for mb in parts:
+                model(mb.ids, mb.targets, noise=mb.noise, prescribed=mb.prescribed, batch_stats=recorder)
 
     reducer = stats_reducer(d, accum, pre_pass) if model.boundary.uses_rewards else None
     tokens = 0
-    for i, (ids, targets, nz, fl) in enumerate(parts):
+    for i, mb in enumerate(parts):
         sync = contextlib.nullcontext()
         if d.active and cfg.parallel == "ddp" and i < accum - 1:
             sync = wrapped.no_sync()  # gradients are all-reduced once, after the last micro-step
         with sync:  # one context for forward and backward (a no_sync context is entered once)
             with autocast:
-                out = fwd(ids, targets, noise=nz, prescribed=fl, batch_stats=reducer)
+                out = fwd(mb.ids, mb.targets, noise=mb.noise, prescribed=mb.prescribed, batch_stats=reducer)
             (out.loss / accum).backward()
         tokens += int(out.n_tokens.sum())
         window.add_micro(out, accum)
