@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from learntok.boundaries import available, boundary_config, strategy_class
+from learntok.boundaries import REGISTRY, available, boundary_config, strategy_class
 from learntok.boundaries.pooling import distribute_add, select
 from learntok.model.lm import ByteLM
 from learntok.nn.attention import attend, reference_attention
@@ -194,3 +194,57 @@ def test_packed_token_level_equals_padded():
     valid = torch.arange(7)[None] < count[:, None]
     torch.testing.assert_close(packed[valid], padded[valid], rtol=1e-5, atol=1e-5)
     assert (packed[~valid] == 0).all()
+
+
+class ConstantInit(strategy_class("uniform")):
+    """uniform boundaries plus one Linear that the strategy initialises to a constant itself."""
+
+    def __init__(self, cfg, dim):
+        super().__init__(cfg, dim)
+        self.probe = torch.nn.Linear(dim, 1, bias=False)
+
+    def reset_parameters(self, init_std):
+        torch.nn.init.constant_(self.probe.weight, 0.5)
+
+
+def test_strategies_keep_their_own_initialisation(monkeypatch):
+    """The U-Net initialises its own modules and calls the strategy's reset_parameters, never overwriting it."""
+    monkeypatch.setitem(REGISTRY, "uniform", "tests.test_model:ConstantInit")
+    m = ByteLM(tiny_model(), boundary_config("uniform"))
+    assert (m.boundary.probe.weight == 0.5).all()
+    monkeypatch.undo()
+    hnet = ByteLM(tiny_model(), boundary_config("hnet")).boundary
+    assert torch.equal(hnet.w_q, torch.eye(32)) and torch.equal(hnet.w_k, torch.eye(32))
+    dyn = ByteLM(tiny_model(), boundary_config("dynamic")).boundary
+    assert all((lin.bias == 0).all() for lin in dyn.mlp if isinstance(lin, torch.nn.Linear))
+    assert 0.01 < float(dyn.mlp[0].weight.detach().std()) < 0.03  # N(0, init_std = 0.02), as the U-Net's
+
+
+def test_validation_bpb_counts_byte_targets_for_both_heads():
+    """val/bpb and val/early_bpb share learntok.bpb's accounting: EOS separators are not byte targets."""
+    import math
+
+    from learntok.data import ByteSequences, val_batches_with_flags
+    from learntok.train import validate
+
+    from .conftest import sample_docs
+
+    m = build_model("uniform")
+    batches = val_batches_with_flags(ByteSequences([d[:100] for d in sample_docs()], 64, True), 4, 64 * 8)
+    ev = validate(m, batches, torch.device("cpu"))
+    nats = {"main": 0.0, "early": 0.0, "early_all": 0.0}
+    n_bytes = n_pos = 0
+    m.eval()
+    with torch.no_grad():
+        for batch, _ in batches:
+            out = m(batch[:, :-1], batch[:, 1:])
+            byte = batch[:, 1:] < 256
+            nats["main"] += float(out.nll[byte].sum())
+            nats["early"] += float(out.nll_early[byte].sum())
+            nats["early_all"] += float(out.nll_early.sum())
+            n_bytes, n_pos = n_bytes + int(byte.sum()), n_pos + byte.numel()
+    assert n_bytes < n_pos  # the packed documents put EOS targets in these batches
+    assert ev["val/bpb"] == pytest.approx(nats["main"] / (math.log(2) * n_bytes), rel=1e-6)
+    assert ev["val/early_bpb"] == pytest.approx(nats["early"] / (math.log(2) * n_bytes), rel=1e-6)
+    # the accounting it replaced (every target, every position) gives another number
+    assert ev["val/early_bpb"] != pytest.approx(nats["early_all"] / (math.log(2) * n_pos), rel=1e-5)

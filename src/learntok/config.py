@@ -223,13 +223,18 @@ def from_dict(d: dict) -> TrainConfig:
 
 _V1_OPTIM = ("lr", "min_lr_ratio", "warmup_bytes", "schedule", "weight_decay", "beta1", "beta2", "grad_clip")
 _V1_MODEL = ("lambda_early", "code_loss_weights")
+_V1_BOUNDARY = {"boundaries", "target_rate", "policy_window", "logit_scale", "logit_softcap", "force_last",
+                "detach_encoder", "gamma", "normalize_advantage", "value_baseline", "lambda_policy", "lambda_target",
+                "pooling", "gumbel_temperature", "prior_weight", "ratio_loss_weight", "bpe_vocab_size",
+                "entropy_model", "entropy_threshold", "eval_boundaries"}
+"""The options of version 1's flat BoundaryConfig (besides _V1_MODEL)."""
 
 
 def upgrade_v1(d: dict) -> dict:
     """Version 1 (learntok 0.1: one flat BoundaryConfig, `data_cfg`, optimizer fields on TrainConfig) -> 2.
 
     Options move to where they live now; options of other strategies, which the run's strategy never read,
-    are dropped (so the conversion changes nothing the run did)."""
+    are dropped (so the conversion changes nothing the run did); unknown keys stay, to be reported."""
     d = dict(d)
     boundary = dict(d.pop("boundary", {}))
     model = dict(d.pop("model", {}))
@@ -243,7 +248,7 @@ def upgrade_v1(d: dict) -> dict:
         data["source"] = data.pop("data")
     return {**{k: v for k, v in d.items() if k not in _V1_OPTIM}, "model": model, "data": data,
             "optim": {k: d[k] for k in _V1_OPTIM if k in d},
-            "boundary": {k: v for k, v in boundary.items() if k in own}}
+            "boundary": {k: v for k, v in boundary.items() if k in own or k not in _V1_BOUNDARY}}
 
 
 def load_json(path: str) -> TrainConfig:

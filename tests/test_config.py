@@ -1,0 +1,88 @@
+"""Configuration: strategy options that belong to their strategy, conversion between strategies, configs of
+learntok 0.1 (version 1), and the rules the command line applies."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from learntok.boundaries import boundary_config, config_class
+from learntok.boundaries.learned import LearnedConfig
+from learntok.boundaries.uniform import UniformConfig
+from learntok.cli.train import parse_train_args
+from learntok.config import from_dict, to_dict
+from learntok.presets import get_preset
+
+V1_TINY = (
+    {'model': {'d_model': 128, 'n_heads': 2, 'n_down': 1, 'n_mid': 3, 'n_up': 1, 'byte_window': 8, 'byte_mlp_mult':
+    1.0, 'token_mlp_mult': 4.0, 'attn_softcap': 50.0, 'final_softcap': 30.0, 'rope_base': 10000.0, 'init_std': 0.02,
+    'attn_backend': 'auto'}, 'boundary': {'boundaries': 'learned', 'target_rate': 0.2, 'policy_window': 0,
+    'logit_scale': 2.0, 'logit_softcap': 6.0, 'force_last': False, 'detach_encoder': True, 'gamma': 0.9,
+    'normalize_advantage': True, 'value_baseline': False, 'lambda_policy': 0.01, 'lambda_target': 0.01,
+    'lambda_early': 0.1, 'code_loss_weights': False, 'pooling': 'mean', 'gumbel_temperature': 1.0, 'prior_weight':
+    1.0, 'ratio_loss_weight': 0.03, 'bpe_vocab_size': 0, 'entropy_model': '', 'entropy_threshold': 0.0,
+    'eval_boundaries': 'sample'}, 'data_cfg': {'data': 'stdlib', 'val_data': None, 'text_field': 'text', 'seq_len':
+    512, 'pack': True, 'val_fraction': 0.05, 'val_bytes': 262144}, 'preset': 'tiny', 'resume': '', 'overwrite':
+    False, 'out': 'runs/tiny', 'batch_size': 8, 'micro_batch_size': 0, 'max_steps': 1000, 'max_bytes': 0.0,
+    'time_budget': 0.0, 'schedule': 'bytes', 'warmup_bytes': 200000.0, 'lr': 0.003, 'min_lr_ratio': 0.1,
+    'weight_decay': 0.1, 'beta1': 0.9, 'beta2': 0.999, 'grad_clip': 1.0, 'seed': 0, 'device': 'auto', 'parallel':
+    'ddp', 'compile': False, 'threads': 0, 'log_every': 10, 'eval_every': 250, 'ckpt_every': 250, 'progress': True,
+    'tensorboard': False, 'config_version': 1})
+"""config.json of learntok 0.1's `tiny` preset (config version 1: one flat boundary config, `data_cfg`, optimizer
+fields on TrainConfig), as that version wrote it."""
+
+
+def test_version_1_configs_are_converted_without_changing_what_the_run_did():
+    cfg = from_dict(json.loads(json.dumps(V1_TINY)))
+    tiny = get_preset("tiny")
+    assert cfg.boundary == tiny.boundary and cfg.model == tiny.model and cfg.optim == tiny.optim
+    assert cfg.data == tiny.data and cfg.max_steps == 1000  # v1's length was a step count
+    # options of other strategies, which a learned run never read, are dropped; a uniform run keeps its own
+    v1 = json.loads(json.dumps(V1_TINY))
+    v1["boundary"]["boundaries"] = "uniform"
+    uni = from_dict(v1)
+    assert uni.boundary == UniformConfig(pooling="mean") and uni.model.lambda_early == 0.1
+    v1["boundary"]["bogus"] = 1
+    with pytest.raises(ValueError, match="bogus"):
+        from_dict(v1)
+
+
+def test_strategy_options_live_with_their_strategy():
+    assert boundary_config("uniform", target_rate=0.25) == UniformConfig(target_rate=0.25)
+    with pytest.raises(TypeError, match="gamma"):
+        boundary_config("uniform", gamma=0.9)
+    with pytest.raises(ValueError, match="not learned"):
+        UniformConfig(boundaries="learned")
+    with pytest.raises(ValueError, match="target_rate"):
+        LearnedConfig(target_rate=1.5)
+    assert "gamma" not in {f for f in config_class("whitespace").__dataclass_fields__}
+
+
+def test_switching_strategy_keeps_the_options_both_have():
+    tiny = get_preset("tiny")
+    uni = tiny.boundary.converted(UniformConfig)
+    assert uni == UniformConfig(pooling="mean", target_rate=tiny.boundary.target_rate)
+    dyn = tiny.boundary.converted(config_class("dynamic"))
+    assert dyn.detach_encoder and dyn.pooling == "mean"
+    assert parse_train_args(["--boundaries", "uniform", "--target-rate", "0.25"]).boundary == \
+        UniformConfig(pooling="mean", target_rate=0.25)
+
+
+def test_round_trip_of_every_preset_and_strategy():
+    for name in ["tiny", "small", "paper-147m", "paper-90m-code", "paper-aspect-8"]:
+        cfg = get_preset(name)
+        assert from_dict(json.loads(json.dumps(to_dict(cfg)))) == cfg
+    for strategy in ["uniform", "whitespace", "bpe", "dynamic", "hnet", "entropy"]:
+        cfg = replace(get_preset("tiny"), boundary=boundary_config(strategy))
+        assert from_dict(json.loads(json.dumps(to_dict(cfg)))) == cfg
+
+
+def test_a_resumed_run_cannot_switch_strategy(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps(to_dict(get_preset("tiny"))))
+    with pytest.raises(ValueError, match="cannot switch to uniform"):
+        parse_train_args(["--resume", str(run), "--boundaries", "uniform"])
+    assert parse_train_args(["--resume", str(run), "--gamma", "0.5"]).boundary.gamma == 0.5
