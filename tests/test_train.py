@@ -133,6 +133,12 @@ def test_bad_input_gives_one_line_errors(tmp_path, capsys):
     assert "bogus_key" in _cli_error(capsys, ["train", "--resume", str(run)])
 
 
+def test_version(capsys):
+    from learntok import __version__
+
+    assert main(["--version"]) == 0 and capsys.readouterr().out.strip() == f"learntok {__version__}"
+
+
 def test_unknown_flag_is_rejected(capsys):
     err = _cli_error(capsys, ["train", "--no-such-flag", "3"])
     assert "--no-such-flag" in err and len(err.strip().splitlines()) == 1

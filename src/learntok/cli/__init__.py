@@ -103,6 +103,11 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0
+    if argv[0] == "--version":
+        from learntok import __version__
+
+        print(f"learntok {__version__}")
+        return 0
     if argv[0] not in COMMANDS:
         print(f"learntok: error: unknown command {argv[0]!r}\n{USAGE}", file=sys.stderr)
         return 2
