@@ -148,16 +148,15 @@ def train(cfg: TrainConfig, *, log=print, on_eval: EvalHook | None = None) -> Ru
                     evaluate(final=False)
                 if cfg.ckpt_every and state.step % cfg.ckpt_every == 0:
                     save()
+        seconds = state.elapsed = clock.elapsed()
+        save()
+        ev = evaluate(final=True)
     except KeyboardInterrupt:
         log(f"interrupted at step {state.step}; saving a checkpoint (resume with: learntok train --resume {out})")
         if not sharded:  # gathering shards is collective, and the other ranks may be gone
             state.elapsed = clock.elapsed()
             save(barrier=False)
         raise
-    try:
-        seconds = state.elapsed = clock.elapsed()
-        save()
-        ev = evaluate(final=True)
     finally:
         sinks.close()
     return RunResult(out=out, steps=state.step, bytes_seen=state.bytes_seen, val_bpb=ev["val/bpb"],
