@@ -178,7 +178,8 @@ def test_packing() -> None:
     unpacked = ByteSequences(docs, seq_len=4, pack=False)
     assert len(unpacked) == 2
     assert [list(unpacked[i]) for i in range(2)] == [[BOS, *b"abcd"], [BOS, *b"hijk"]]
-    assert seqs.windows.dtype == np.uint16
+    # stored once, one byte per corpus byte; windows are cut when asked for
+    assert seqs.corpus.n_bytes == 14 and seqs.corpus.read(0, 14).dtype == np.uint8
 
 
 def _seqs(n: int = 37) -> ByteSequences:

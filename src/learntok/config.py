@@ -93,6 +93,9 @@ class DataConfig:
     """Share of documents held out (by a hash of the document key) when no validation split is given."""
     val_bytes: int = 262_144
     """Bytes of validation data used per evaluation (the first sequences of the validation split)."""
+    verify_data: bool = True
+    """Check the checksums of a prepared corpus's shards when opening it (about 1 s per GB; sizes are always
+    checked)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -172,12 +175,26 @@ class TrainConfig(Generic[B]):
     eval_every: int = 100
     """Steps between validation evaluations (0 = only at the end)."""
     ckpt_every: int = 200
-    """Steps between checkpoints (0 = only at the end). Checkpoints are written atomically."""
+    """Steps between checkpoints (0 = only at the end). Checkpoints are written atomically; SIGTERM, SIGUSR1
+    and Ctrl-C also write one."""
+    max_bad_steps: int = 10
+    """Stop (with a checkpoint) after this many updates in a row with a non-finite loss or gradient norm; each
+    such update is skipped and logged."""
     progress: bool = True
-    """Show a progress bar."""
+    """Report progress between evaluations (--no-progress: only evaluations and the summary)."""
+    progress_style: Literal["auto", "bar", "lines"] = "auto"
+    """How: a progress bar, or one plain line per --log-every steps (for SLURM / Kubernetes logs); auto = a bar
+    when stderr is a terminal, lines otherwise."""
     tensorboard: bool = False
     """Also log scalars and a boundary-map image per evaluation to RUN/tensorboard (pip install
     'learntok[tensorboard]')."""
+    wandb: bool = False
+    """Also log the config, every metric and a boundary-map image per evaluation to Weights & Biases (pip install
+    'learntok[wandb]'; WANDB_MODE=offline needs no network)."""
+    wandb_project: str = "learntok"
+    """W&B project of --wandb."""
+    wandb_entity: str = ""
+    """W&B entity (user or team) of --wandb; empty: your default."""
 
 
 def to_dict(cfg: TrainConfig) -> dict:

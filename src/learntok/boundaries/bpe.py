@@ -48,6 +48,7 @@ import numpy as np
 import torch
 
 from learntok.boundaries.base import BoundaryConfig, BoundaryOutput, BoundaryStrategy
+from learntok.data.corpus import sample_documents
 
 try:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -278,16 +279,7 @@ class BPEConfig(BoundaryConfig):
 
 def _sample(docs: Sequence[bytes], max_bytes: int, seed: int) -> list[str]:
     """Whole documents in a seeded random order up to `max_bytes` (the last one cut), as text; all if they fit."""
-    if sum(len(d) for d in docs) > max_bytes:
-        out, n = [], 0
-        for i in np.random.default_rng(seed).permutation(len(docs)):
-            d = docs[i][: max_bytes - n]
-            out.append(d)
-            n += len(d)
-            if n >= max_bytes:
-                break
-        docs = out
-    return [d.decode("utf-8", "ignore") for d in docs]
+    return [d.decode("utf-8", "ignore") for d in sample_documents(docs, max_bytes, seed)]
 
 
 class BPEBoundaries(BoundaryStrategy):

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from learntok.boundaries.base import BoundaryOutput, BoundaryStrategy, RateConfig, StepState
+from learntok.data.corpus import total_bytes
 from learntok.entropy_model import (
     THRESHOLD_FILE,
     EntropyLM,
@@ -104,7 +105,7 @@ class EntropyBoundaries(BoundaryStrategy):
             source = local
         elif train_docs:
             lo, hi = self.quick_steps
-            steps = min(hi, max(lo, sum(len(d) + 1 for d in train_docs) // (16 * 256)))  # about one pass
+            steps = min(hi, max(lo, (total_bytes(train_docs) + len(train_docs)) // (16 * 256)))  # about one pass
             self.log(f"entropy boundaries: no --entropy-model given; training one for {steps} steps "
                      "(`learntok train-entropy-model` trains a better one)")
             model, info = fit_entropy_model(train_docs, val_docs, steps=steps, log=self.log)

@@ -5,81 +5,109 @@ Every sample is `[BOS] + seq_len` byte ids: the model reads `ids[:-1]` and predi
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
+from learntok.data.corpus import Corpus
 from learntok.data.sources import DataError
 from learntok.vocab import BOS, EOS
 
 
 class ByteSequences:
-    """Fixed-length byte sequences of a list of documents, stored as uint16 windows of seq_len ids.
+    """Fixed-length byte sequences of a corpus, cut on demand (nothing is copied up front).
 
     Sample i is an int64 array `[BOS] + window_i` of seq_len + 1 ids. pack=True: the stream doc0, EOS, doc1,
     EOS, ... cut into consecutive non-overlapping windows (the incomplete tail is dropped). pack=False (the
     paper's rule): the first seq_len bytes of every document of at least seq_len bytes; shorter ones are dropped.
-    Raises DataError if seq_len < 2 or no sequence can be formed (`name` says which data in the message).
+    `docs` is a Corpus (in memory or memory-mapped) or a list of documents. Raises DataError if seq_len < 2 or no
+    sequence can be formed (`name` says which data in the message).
+
+    Prescribed boundary flags (`annotate(doc) -> bool array of len(doc)`, e.g. BPE guidance) are computed per
+    document when a sample needs them and kept in a bounded cache; EOS separators are flagged (a token starts
+    there), and so is BOS.
     """
 
-    def __init__(self, docs: Sequence[bytes], seq_len: int, pack: bool = True, name: str = "data",
+    cache_bytes = 1 << 28
+    """Bytes of annotated documents kept (flags cost one byte per document byte)."""
+
+    def __init__(self, docs: Sequence[bytes] | Corpus, seq_len: int, pack: bool = True, name: str = "data",
                  annotate: Callable[[bytes], np.ndarray] | None = None) -> None:
         if seq_len < 2:
             raise DataError(f"{name}: seq_len must be at least 2, got {seq_len}")
-        self.seq_len, self.pack, self.name = seq_len, pack, name
-        self.n_docs = len(docs)
+        self.corpus = docs if isinstance(docs, Corpus) else Corpus.from_documents(docs, name)
+        self.seq_len, self.pack, self.name, self.annotate = seq_len, pack, name, annotate
+        self.n_docs = len(self.corpus)
+        starts, lengths = self.corpus.offsets[:-1], self.corpus.lengths
         if pack:
-            stream = np.frombuffer(b"".join(d + b"\0" for d in docs), dtype=np.uint8).astype(np.uint16)
-            stream[np.cumsum([len(d) + 1 for d in docs], dtype=np.int64) - 1] = EOS  # the separators
-            n = len(stream) // seq_len
-            self.windows = stream[: n * seq_len].reshape(n, seq_len)
-            why = f"{len(stream):,} ids in {len(docs)} document(s) (with EOS)"
+            self._eos = self.corpus.offsets[1:] + np.arange(self.n_docs)  # (n_docs,) EOS positions in the stream
+            n = (self.corpus.n_bytes + self.n_docs) // seq_len
+            why = f"{self.corpus.n_bytes + self.n_docs:,} ids in {self.n_docs} document(s) (with EOS)"
         else:
-            heads = b"".join(d[:seq_len] for d in docs if len(d) >= seq_len)
-            self.windows = np.frombuffer(heads, dtype=np.uint8).astype(np.uint16).reshape(-1, seq_len)
-            why = f"none of its {len(docs)} document(s) has {seq_len} bytes (pack=False keeps only those)"
-        if len(self.windows) == 0:
+            self._kept = np.flatnonzero(lengths >= seq_len)  # documents that give a sequence
+            n = len(self._kept)
+            why = f"none of its {self.n_docs} document(s) has {seq_len} bytes (pack=False keeps only those)"
+        if n == 0:
             raise DataError(f"{name}: not enough data for one sequence of seq_len={seq_len}: {why}")
-        # Prescribed per-byte boundary flags (e.g. BPE guidance), computed once per document and stored beside
-        # the ids: annotate(doc) -> bool array of len(doc). EOS separators are flagged (a token starts there).
-        self.flags: np.ndarray | None = None
-        if annotate is not None:
-            if pack:
-                parts = []
-                for d in docs:
-                    parts += [np.asarray(annotate(d), dtype=np.uint8), np.ones(1, dtype=np.uint8)]
-                flags = np.concatenate(parts)
-            else:
-                kept = [np.asarray(annotate(d), dtype=np.uint8)[:seq_len] for d in docs if len(d) >= seq_len]
-                flags = np.concatenate(kept)
-            self.flags = flags[: self.windows.size].reshape(self.windows.shape)
+        self._n, self._starts = n, starts
+        self._flag_cache: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._cached = 0
 
     def __len__(self) -> int:
-        return len(self.windows)
+        return self._n
 
     def __getitem__(self, i: int) -> np.ndarray:
         return self.batch([i])[0]
 
-    def batch(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
-        """int64 array (len(indices), seq_len + 1) of the given samples, BOS first."""
-        idx = np.asarray(indices, dtype=np.int64)
-        out = np.empty((len(idx), self.seq_len + 1), dtype=np.int64)
-        out[:, 0] = BOS
-        out[:, 1:] = self.windows[idx]
+    def _pieces(self, i: int) -> list[tuple[int, int, int, int]]:
+        """Where window i comes from: (document, first byte in it, bytes, position in the window) per piece;
+        in a packed window each piece after the first is preceded by its predecessor's EOS."""
+        L = self.seq_len
+        if not self.pack:
+            return [(int(self._kept[i]), 0, L, 0)]
+        a = i * L  # the window's first position in the stream with separators
+        d = int(np.searchsorted(self._eos, a))  # the document (or its EOS) at position a
+        out, pos = [], a
+        while pos < a + L:
+            end = min(int(self._eos[d]), a + L)  # this document's bytes end at its EOS
+            first = pos - (int(self._eos[d - 1]) + 1 if d else 0)  # offset of `pos` inside document d
+            out.append((d, first, end - pos, pos - a))
+            pos, d = end + 1, d + 1  # skip the EOS
         return out
 
+    def batch(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
+        """int64 array (len(indices), seq_len + 1) of the given samples, BOS first."""
+        out = np.full((len(indices), self.seq_len + 1), EOS, dtype=np.int64)
+        out[:, 0] = BOS
+        for r, i in enumerate(np.asarray(indices, dtype=np.int64)):
+            for d, first, n, at in self._pieces(int(i)):
+                out[r, 1 + at:1 + at + n] = self.corpus.read(int(self._starts[d]) + first, n)
+        return out
 
     def flag_batch(self, indices: Sequence[int] | np.ndarray) -> np.ndarray | None:
         """bool array (len(indices), seq_len + 1) of prescribed boundary flags aligned with `batch` (True at
-        BOS), or None when the sequences carry no flags."""
-        if self.flags is None:
+        BOS and EOS), or None when the sequences carry no flags."""
+        if self.annotate is None:
             return None
-        idx = np.asarray(indices, dtype=np.int64)
-        out = np.ones((len(idx), self.seq_len + 1), dtype=bool)
-        out[:, 1:] = self.flags[idx].astype(bool)
+        out = np.ones((len(indices), self.seq_len + 1), dtype=bool)
+        for r, i in enumerate(np.asarray(indices, dtype=np.int64)):
+            for d, first, n, at in self._pieces(int(i)):
+                out[r, 1 + at:1 + at + n] = self._doc_flags(d)[first:first + n]
         return out
+
+    def _doc_flags(self, d: int) -> np.ndarray:
+        """annotate(document d) as bool, from a least-recently-used cache of at most `cache_bytes`."""
+        flags = self._flag_cache.pop(d, None)
+        if flags is None:
+            flags = np.asarray(self.annotate(self.corpus[d]), dtype=bool)
+            self._cached += len(flags)
+            while self._flag_cache and self._cached > self.cache_bytes:
+                self._cached -= len(self._flag_cache.popitem(last=False)[1])
+        self._flag_cache[d] = flags
+        return flags
 
 
 class BatchIterator:

@@ -1,5 +1,6 @@
 """Documents: reading them from files, directories, globs, a local Hugging Face dataset (`hf:NAME[:SPLIT]`)
-or the running interpreter's standard-library sources (`stdlib`), and splitting them into train / validation.
+or the running interpreter's standard-library sources (`stdlib`), and the rules that split them into train /
+validation (/ test): `split_documents`.
 
 Files: .txt/.md/.py (one document each), .jsonl and .parquet (one document per row); each optionally .gz, .xz
 or .zst. Bad input raises `DataError` with a one-line message naming the file (and line).
@@ -155,12 +156,19 @@ def _iter_parquet(path: Path, text_field: str) -> Iterator[tuple[str, bytes]]:
             row += 1
 
 
+def parse_hf_spec(spec: str) -> tuple[str, str | None, str]:
+    """`hf:NAME`, `hf:NAME:SPLIT` or `hf:NAME:CONFIG:SPLIT` -> (name, config or None, split; default train)."""
+    parts = spec[3:].split(":")
+    if not parts[0] or len(parts) > 3 or not all(parts):
+        raise DataError(f"{spec}: expected hf:NAME, hf:NAME:SPLIT or hf:NAME:CONFIG:SPLIT")
+    name, config, split = parts[0], parts[1] if len(parts) == 3 else None, parts[-1] if len(parts) > 1 else "train"
+    return name, config, split
+
+
 def _iter_hf(spec: str, text_field: str) -> Iterator[tuple[str, bytes]]:
-    """Rows of `hf:NAME` (split 'train') or `hf:NAME:SPLIT`; NAME may be a hub id (cached) or a local directory."""
-    name, sep, split = spec[3:].rpartition(":")
-    name, split = (name, split or "train") if sep else (split, "train")
-    if not name:
-        raise DataError(f"{spec}: expected hf:NAME or hf:NAME:SPLIT")
+    """Rows of a Hugging Face dataset, one at a time (never the whole column at once). NAME is a local
+    `save_to_disk` directory or a hub id, streamed when the hub is reachable, else read from the local cache."""
+    name, config, split = parse_hf_spec(spec)
     try:
         import datasets
     except ImportError as e:
@@ -170,18 +178,31 @@ def _iter_hf(spec: str, text_field: str) -> Iterator[tuple[str, bytes]]:
         if local.is_dir() and any((local / f).exists() for f in ("dataset_dict.json", "state.json")):
             ds: Any = datasets.load_from_disk(str(local))
             if isinstance(ds, datasets.DatasetDict):
+                if split not in ds:
+                    raise KeyError(f"no split {split!r} (it has {', '.join(ds)})")
                 ds = ds[split]
         else:
-            ds = datasets.load_dataset(name, split=split)
+            try:
+                ds = datasets.load_dataset(name, config, split=split, streaming=True)
+            except Exception:  # offline: a copy in the local cache may still be there
+                ds = datasets.load_dataset(name, config, split=split)
     except Exception as e:  # the library raises many types (network, missing cache, bad split)
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise DataError(f"{spec}: cannot load Hugging Face dataset {name!r} split {split!r} "
                         f"(offline it must be cached or a local directory; HF_DATASETS_OFFLINE=1 skips the network): "
                         f"{msg}") from e
-    if text_field not in ds.column_names:
-        raise DataError(f"{spec}: no column {text_field!r} (columns: {', '.join(ds.column_names)})")
-    for i, value in enumerate(ds[text_field]):
-        yield f"hf:{name}:{i}", _text_bytes(value, f"hf:{name}:{i}", text_field)
+    rows = (r for batch in ds.iter(batch_size=1024) for r in _rows(batch)) if isinstance(ds, datasets.Dataset) \
+        else iter(ds)
+    for i, row in enumerate(rows):
+        if text_field not in row:
+            raise DataError(f"{spec}: no column {text_field!r} (columns: {', '.join(row)})")
+        yield f"hf:{name}:{i}", _text_bytes(row[text_field], f"hf:{name}:{i}", text_field)
+
+
+def _rows(batch: dict[str, list]) -> Iterator[dict]:
+    """The rows of a column-wise batch."""
+    keys = list(batch)
+    return (dict(zip(keys, values)) for values in zip(*(batch[k] for k in keys)))
 
 
 def stdlib_dir() -> Path:
@@ -300,66 +321,64 @@ def is_holdout(key: str, val_fraction: float) -> bool:
     return int(hashlib.sha256(key.encode()).hexdigest(), 16) % 10000 < val_fraction * 10000
 
 
-def find_split_files(directory: str | Path) -> tuple[list[Path], list[Path]] | None:
-    """(train entries, validation entries) of a directory holding `train*` and `valid*`/`validation*`/`val*`/`dev*`
-    files or subdirectories (top level only; `test*` and everything else is ignored), or None if it has not both."""
+def find_split_files(directory: str | Path) -> dict[str, list[Path]] | None:
+    """{"train": [...], "val": [...], "test": [...]} entries of a directory holding `train*` and
+    `valid*`/`validation*`/`val*`/`dev*` files or subdirectories (top level only; `test*` is optional, everything
+    else is ignored), or None if it has not both train and validation entries."""
     root = Path(directory)
     if not root.is_dir():
         return None
-    train, val = [], []
+    found: dict[str, list[Path]] = {"train": [], "val": [], "test": []}
     for p in sorted(root.iterdir(), key=lambda p: p.name):
         if p.name.startswith(".") or not (p.is_dir() or (p.is_file() and _supported(p))):
             continue
         if p.name.lower().startswith("train"):
-            train.append(p)
+            found["train"].append(p)
         elif _VAL_NAME.match(p.name):
-            val.append(p)
-    return (train, val) if train and val else None
+            found["val"].append(p)
+        elif p.name.lower().startswith("test"):
+            found["test"].append(p)
+    return found if found["train"] and found["val"] else None
 
 
-def _docs(spec: str, text_field: str) -> list[bytes]:
-    return [text for _, text in iter_documents(spec, text_field)]
+def split_documents(cfg: DataConfig, test: bool = False, max_train_bytes: float = 0) -> Iterator[tuple[str, bytes]]:
+    """(split, document) for every document of a data config's source, split by these rules in order of
+    precedence: a directory with `train*` and `valid*` entries (find_split_files) gives its splits (validation
+    from `val_data` instead if given; with `test`, also its test* entries); `val_data` if given (then all of the
+    source trains); for `stdlib` the fixed rule of is_stdlib_val (5% of files); otherwise a hold-out by hash of
+    the document key (is_holdout with `val_fraction`). Streams: nothing is held. With `max_train_bytes`, the
+    training documents end once that many bytes have been given (a hash hold-out then ends altogether)."""
+    spec, field = cfg.source, cfg.text_field
+    budget = [max_train_bytes or float("inf")]
 
+    def train_docs(source: str) -> Iterator[tuple[str, bytes]]:
+        for _, text in iter_documents(source, field):
+            if budget[0] <= 0:
+                return
+            budget[0] -= len(text)
+            yield "train", text
 
-def load_splits(cfg: DataConfig) -> tuple[list[bytes], list[bytes]]:
-    """(train documents, validation documents) of a data config.
-
-    In order of precedence: a `data` directory with `train*` and `valid*` entries (see find_split_files) trains
-    on its train files and validates on its valid files (or on `val_data` if given); `val_data` if given (then
-    all of `data` trains); for `stdlib` the fixed rule of is_stdlib_val (5% of files); otherwise a hold-out by
-    hash of the document key (is_holdout with `val_fraction`). If the hold-out is empty, the last document(s)
-    are moved to validation; an error is raised if training would then be empty.
-    """
-    pair = None if cfg.source.startswith("hf:") or cfg.source == "stdlib" else find_split_files(cfg.source)
-    if pair is not None:
-        train = [t for p in pair[0] for t in _docs(str(p), cfg.text_field)]
-        if cfg.val_data is not None:
-            return train, _docs(cfg.val_data, cfg.text_field)
-        return train, [t for p in pair[1] for t in _docs(str(p), cfg.text_field)]
+    found = None if spec.startswith("hf:") or spec == "stdlib" else find_split_files(spec)
+    if found is not None:
+        for path in found["train"]:
+            yield from train_docs(str(path))
+        for split, paths in [("val", [cfg.val_data] if cfg.val_data is not None else found["val"])] + \
+                ([("test", found["test"])] if test else []):
+            for path in paths:
+                yield from ((split, text) for _, text in iter_documents(str(path), field))
+        return
     if cfg.val_data is not None:
-        return _docs(cfg.source, cfg.text_field), _docs(cfg.val_data, cfg.text_field)
+        yield from train_docs(spec)
+        yield from (("val", text) for _, text in iter_documents(cfg.val_data, field))
+        return
     if not 0.0 <= cfg.val_fraction < 1.0:
-        raise DataError(f"{cfg.source}: val_fraction must be in [0, 1), got {cfg.val_fraction}")
-    rule = is_stdlib_val if cfg.source == "stdlib" else (lambda k: is_holdout(k, cfg.val_fraction))
-    train, val = [], []
-    for key, text in iter_documents(cfg.source, cfg.text_field):
-        (val if rule(key) else train).append(text)
-    if not val:
-        n_move = max(1, int((len(train)) * cfg.val_fraction))
-        train, val = train[:-n_move], train[-n_move:]
-    if not train:
-        raise DataError(f"{cfg.source}: only {len(val)} document(s), too few to hold out validation; "
-                        "give more data or a separate --val-data")
-    return train, val
-
-
-def describe(train_docs: Sequence[bytes], val_docs: Sequence[bytes]) -> str:
-    """One log line: document counts and byte totals of both splits."""
-    def part(name: str, docs: Sequence[bytes]) -> str:
-        return f"{name} {len(docs):,} docs / {_human(sum(len(d) for d in docs))}"
-    return f"data: {part('train', train_docs)}, {part('val', val_docs)}"
-
-
-def _human(n: int) -> str:
-    k = min(4, max(0, (len(str(n)) - 1) // 3))
-    return f"{n} B" if k == 0 else f"{n / 1000 ** k:.1f} {'KMGT'[k - 1]}B"
+        raise DataError(f"{spec}: val_fraction must be in [0, 1), got {cfg.val_fraction}")
+    rule = is_stdlib_val if spec == "stdlib" else (lambda k: is_holdout(k, cfg.val_fraction))
+    for key, text in iter_documents(spec, field):
+        if rule(key):
+            yield "val", text
+        elif budget[0] <= 0:
+            return
+        else:
+            budget[0] -= len(text)
+            yield "train", text

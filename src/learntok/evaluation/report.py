@@ -7,21 +7,14 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from learntok.data import (
-    ByteSequences,
-    DataError,
-    find_split_files,
-    iter_documents,
-    load_splits,
-    val_batches_with_flags,
-)
+from learntok.data import ByteSequences, Corpus, is_prepared, iter_documents, load_split, val_batches_with_flags
 from learntok.evaluation.bpb import BoundaryMode, check_mode, heldout_bpb
 from learntok.evaluation.diagnostics import boundary_diagnostics
 from learntok.evaluation.stats import BoundaryStats
@@ -68,28 +61,14 @@ def inference_flops(model, rate: float) -> dict:
             "train_per_byte": 6.0 * (pb + pt * rate)}
 
 
-def heldout_documents(cfg, data: str | None, split: str) -> tuple[str, list[bytes]]:
-    """(description, documents) of the held-out text: `data` whole, or the run's validation / test split."""
-    dc = cfg.data
-    if data is not None:
-        return data, [t for _, t in iter_documents(data, dc.text_field)]
-    if split == "test":
-        root = Path(dc.source)
-        if not root.is_dir():
-            raise ValueError(f"--split test: the run's data {dc.source!r} is not a directory with test* files; "
-                             "give --data PATH")
-        try:
-            return f"{dc.source} (test)", [t for _, t in iter_documents(str(root / "test*"), dc.text_field)]
-        except DataError as e:
-            raise ValueError(f"--split test: {dc.source} has no readable test* files ({e}); give --data PATH") from e
-    if split != "val":
-        raise ValueError(f"--split must be val or test, got {split!r}")
-    if dc.val_data is not None:
-        return dc.val_data, [t for _, t in iter_documents(dc.val_data, dc.text_field)]
-    pair = None if dc.source.startswith("hf:") or dc.source == "stdlib" else find_split_files(dc.source)
-    if pair is not None:  # read only the validation files
-        return f"{dc.source} (val)", [t for p in pair[1] for _, t in iter_documents(str(p), dc.text_field)]
-    return f"{dc.source} (val)", load_splits(dc)[1]
+def heldout_documents(cfg, data: str | None, split: str) -> tuple[str, Sequence[bytes]]:
+    """(description, documents) of the held-out text: `data` (all its documents, or its `split` if it is a
+    prepared corpus), or the run's validation / test split."""
+    if data is None:
+        return load_split(cfg.data, split)
+    if is_prepared(data):
+        return load_split(replace(cfg.data, source=data, val_data=None), split)
+    return data, Corpus.from_documents((t for _, t in iter_documents(data, cfg.data.text_field)), "held-out data")
 
 
 def _bpe_reference(path: str) -> Callable[[bytes], np.ndarray]:

@@ -1,0 +1,193 @@
+"""Prepared corpora: a one-time conversion of any data source into byte shards that training and evaluation
+memory-map (`learntok prepare SOURCE OUT`).
+
+    OUT/manifest.json        format, version, source and options, and per split its shards with their
+                             document and byte counts and sha256 checksums
+    OUT/train/00000.bin      the documents' UTF-8 bytes back to back (uint8; bytes are the tokens)
+    OUT/train/00000.idx      int64 little-endian offsets of the documents in the .bin (n_docs + 1, from 0)
+    OUT/val/..., OUT/test/...
+
+A prepare writes into a temporary directory beside OUT and renames it when the manifest is complete, so an
+interrupted prepare never leaves something that looks finished; its leftovers are removed by the next prepare.
+Opening checks every shard's size against the manifest, and its checksum unless told not to (about 1 s per GB).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from learntok.data.corpus import Corpus
+from learntok.data.sources import DataError, split_documents
+
+FORMAT = "learntok-prepared"
+VERSION = 1
+MANIFEST = "manifest.json"
+SPLITS = ("train", "val", "test")
+
+
+def is_prepared(path: str | Path) -> bool:
+    """True if `path` is a prepared corpus (a directory with a manifest.json)."""
+    return (Path(path) / MANIFEST).is_file()
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class _ShardWriter:
+    """Writes one split's documents into shards of about `shard_bytes` bytes each."""
+
+    def __init__(self, root: Path, split: str, shard_bytes: int):
+        self.dir, self.split, self.shard_bytes = root / split, split, shard_bytes
+        self.dir.mkdir(parents=True)
+        self.shards: list[dict] = []
+        self.docs = self.bytes = 0
+        self._file = None
+
+    def add(self, doc: bytes) -> None:
+        if self._file is not None and self._ends[-1] + len(doc) > self.shard_bytes:
+            self._close()
+        if self._file is None:
+            self._name = f"{len(self.shards):05d}"
+            self._file = open(self.dir / f"{self._name}.bin", "wb")  # noqa: SIM115 (closed in _close)
+            self._hash, self._ends = hashlib.sha256(), [0]
+        self._file.write(doc)
+        self._hash.update(doc)
+        self._ends.append(self._ends[-1] + len(doc))
+        self.docs, self.bytes = self.docs + 1, self.bytes + len(doc)
+
+    def _close(self) -> None:
+        self._file.close()
+        self._file = None
+        index = self.dir / f"{self._name}.idx"
+        np.asarray(self._ends, dtype="<i8").tofile(index)
+        self.shards.append({"data": f"{self.split}/{self._name}.bin", "index": f"{self.split}/{self._name}.idx",
+                            "docs": len(self._ends) - 1, "bytes": self._ends[-1], "sha256": self._hash.hexdigest(),
+                            "index_sha256": _sha256(index)})
+
+    def finish(self) -> dict:
+        if self._file is not None:
+            self._close()
+        return {"docs": self.docs, "bytes": self.bytes, "shards": self.shards}
+
+
+def prepare(cfg, out: str | Path, *, shard_bytes: int = 1 << 30, max_bytes: float = 0, overwrite: bool = False,
+            progress: bool = True, log: Callable[[str], None] = print) -> Path:
+    """Convert the documents of data config `cfg` (its source, val_data, text_field, val_fraction; split as
+    `learntok train` splits them, with a directory's test* files as a test split) into a prepared corpus at
+    `out`. `max_bytes` > 0 stops the training split after that many bytes (e.g. the paper's 6e9 of FineWeb).
+    Returns `out`."""
+    out = Path(out)
+    if is_prepared(cfg.source):
+        raise DataError(f"{cfg.source}: already a prepared corpus; train on it with --data {cfg.source}")
+    if out.exists() and (not overwrite or not is_prepared(out)) and any(out.iterdir()):
+        raise DataError(f"{out}: exists and is not empty" + (" (replace a prepared corpus with --overwrite)"
+                                                               if is_prepared(out) else ""))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for stale in out.parent.glob(f".{out.name}.partial-*"):  # an earlier prepare that was interrupted
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+    writers: dict[str, _ShardWriter] = {}
+    t0 = time.perf_counter()
+    from tqdm.auto import tqdm
+
+    bar = tqdm(unit="B", unit_scale=True, unit_divisor=1000, disable=not progress, desc=f"prepare {out.name}")
+    try:
+        for split, doc in split_documents(cfg, test=True, max_train_bytes=max_bytes):
+            if split not in writers:
+                writers[split] = _ShardWriter(tmp, split, shard_bytes)
+            writers[split].add(doc)
+            bar.update(len(doc))
+        bar.close()
+        for split in ("train", "val"):
+            if split not in writers:
+                raise DataError(f"{cfg.source}: the {split} split is empty (give --val-data, a directory with "
+                                "train* and valid* files, or a larger --val-fraction)")
+        manifest = {"format": FORMAT, "version": VERSION, "source": cfg.source, "val_data": cfg.val_data,
+                    "text_field": cfg.text_field, "val_fraction": cfg.val_fraction, "max_bytes": max_bytes,
+                    "shard_bytes": shard_bytes, "learntok": _version(),
+                    "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                    "splits": {s: w.finish() for s, w in writers.items()}}
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        bar.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    seconds = time.perf_counter() - t0
+    total = sum(w.bytes for w in writers.values())
+    log(f"prepared {out}: " + ", ".join(f"{s} {w.docs:,} docs / {w.bytes / 1e6:,.1f} MB" for s, w in writers.items())
+        + f" in {seconds:.1f} s ({total / 1e6 / max(seconds, 1e-9):.1f} MB/s)")
+    return out
+
+
+def _version() -> str:
+    from learntok import __version__
+
+    return __version__
+
+
+@dataclass
+class Prepared:
+    """An opened prepared corpus (the manifest checked); `split(name)` memory-maps one split."""
+
+    root: Path
+    manifest: dict = field(repr=False)
+
+    @staticmethod
+    def open(path: str | Path) -> Prepared:
+        root = Path(path)
+        mpath = root / MANIFEST
+        try:
+            manifest = json.loads(mpath.read_text())
+        except (OSError, ValueError) as e:
+            raise DataError(f"{mpath}: not a readable manifest ({e}); prepare the corpus again") from e
+        if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
+            raise DataError(f"{mpath}: format {manifest.get('format')!r} version {manifest.get('version')!r} is "
+                            f"not {FORMAT!r} version {VERSION}; prepare it again with this learntok "
+                            f"(learntok prepare {manifest.get('source', 'SOURCE')} {root} --overwrite)")
+        return Prepared(root, manifest)
+
+    @property
+    def splits(self) -> list[str]:
+        return [s for s in SPLITS if s in self.manifest["splits"]]
+
+    def split(self, name: str, verify: bool = True) -> Corpus:
+        """The documents of split `name`, memory-mapped; shard sizes (and with `verify` checksums) are
+        checked against the manifest first."""
+        if name not in self.manifest["splits"]:
+            raise DataError(f"{self.root}: no {name} split (it has {', '.join(self.splits)})")
+        shards = []
+        for entry in self.manifest["splits"][name]["shards"]:
+            data, index = self.root / entry["data"], self.root / entry["index"]
+            for path, size in ((data, entry["bytes"]), (index, 8 * (entry["docs"] + 1))):
+                actual = path.stat().st_size if path.is_file() else None
+                if actual != size:
+                    raise DataError(f"{path}: {'missing' if actual is None else f'{actual:,} bytes'}, the manifest "
+                                    f"says {size:,}; the corpus is damaged: prepare it again")
+            if verify:
+                for path, digest in ((data, entry["sha256"]), (index, entry["index_sha256"])):
+                    if _sha256(path) != digest:
+                        raise DataError(f"{path}: checksum differs from the manifest; the corpus is damaged: "
+                                        "prepare it again")
+            offsets = np.fromfile(index, dtype="<i8")
+            if offsets[0] != 0 or offsets[-1] != entry["bytes"] or (np.diff(offsets) < 0).any():
+                raise DataError(f"{index}: document offsets do not describe {data}; prepare the corpus again")
+            bytes_ = np.memmap(data, dtype=np.uint8, mode="r") if entry["bytes"] else np.zeros(0, np.uint8)
+            shards.append((bytes_, offsets))
+        return Corpus(shards, name=f"{self.root} ({name})")

@@ -1,0 +1,136 @@
+"""Prepared corpora (`learntok prepare`): the same documents, splits, sequences and training as the source, memory
+mapped; every kind of damage or misuse is a one-line error naming the file and the fix."""
+
+from __future__ import annotations
+
+import json
+import lzma
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from learntok.cli import main
+from learntok.config import DataConfig
+from learntok.data import ByteSequences, DataError, Prepared, load_split, load_splits, prepare
+
+from .conftest import tiny_train_config
+
+
+def _rows(n: int, seed: int) -> list[str]:
+    rng = np.random.default_rng(seed)
+    words = ["the", "river", "Grüße", "東京", "def", "x", "=", "1\n", "tokenization", "🙂"]
+    return [" ".join(rng.choice(words, size=rng.integers(1, 60))) for _ in range(n)]
+
+
+@pytest.fixture
+def source(tmp_path: Path) -> Path:
+    """A directory of train / valid / test JSONL files (one compressed), like a real corpus."""
+    d = tmp_path / "src"
+    d.mkdir()
+    for name, n, seed in (("train.jsonl", 300, 0), ("valid.jsonl", 40, 1), ("test.jsonl", 30, 2)):
+        lines = "".join(json.dumps({"text": t}) + "\n" for t in _rows(n, seed))
+        if name == "train.jsonl":
+            (d / "train.jsonl.xz").write_bytes(lzma.compress(lines.encode()))
+        else:
+            (d / name).write_text(lines)
+    return d
+
+
+def _quiet(*_a) -> None:
+    pass
+
+
+def test_prepared_splits_equal_the_source(source, tmp_path):
+    out = prepare(DataConfig(source=str(source)), tmp_path / "p", shard_bytes=4000, progress=False, log=_quiet)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert len(manifest["splits"]["train"]["shards"]) > 5  # small shards: documents spread over many files
+    train, val = load_splits(DataConfig(source=str(out)))
+    src_train, src_val = load_splits(DataConfig(source=str(source)))
+    assert train == src_train and val == src_val and len(train) == 300
+    assert isinstance(train.read(0, 1), np.memmap)  # mapped, not read into memory
+    assert load_split(DataConfig(source=str(out)), "test")[1] == load_split(DataConfig(source=str(source)), "test")[1]
+    for pack in (True, False):  # windows that cross documents and shards come out the same
+        a = ByteSequences(train, 48, pack, annotate=lambda d: np.frombuffer(d, np.uint8) % 5 == 0)
+        b = ByteSequences(src_train, 48, pack, annotate=lambda d: np.frombuffer(d, np.uint8) % 5 == 0)
+        idx = np.arange(len(a))
+        assert len(a) == len(b) > 50 and np.array_equal(a.batch(idx), b.batch(idx))
+        assert np.array_equal(a.flag_batch(idx), b.flag_batch(idx))
+
+
+def test_training_on_a_prepared_corpus_equals_training_on_its_source(source, tmp_path):
+    from learntok.train import train
+
+    out = prepare(DataConfig(source=str(source)), tmp_path / "p", shard_bytes=5000, progress=False, log=_quiet)
+    losses = []
+    for name, data in (("a", source), ("b", out)):
+        res = train(tiny_train_config(tmp_path / name, data, max_steps=3), log=_quiet)
+        rows = [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        losses.append(([r["loss/auto"] for r in rows if "loss/auto" in r], res.val_bpb))
+    assert losses[0] == losses[1]
+
+
+def test_prepare_from_a_hugging_face_dataset_and_a_byte_budget(tmp_path):
+    datasets = pytest.importorskip("datasets", reason="datasets not installed (pip install 'learntok[hf]')")
+    rows = _rows(200, 3)
+    splits = {"train": rows, "validation": _rows(9, 4)}
+    datasets.DatasetDict({k: datasets.Dataset.from_dict({"text": v}) for k, v in splits.items()}).save_to_disk(
+        tmp_path / "ds")
+    cfg = DataConfig(source=f"hf:{tmp_path / 'ds'}:train", val_data=f"hf:{tmp_path / 'ds'}:validation")
+    out = prepare(cfg, tmp_path / "p", max_bytes=3000, progress=False, log=_quiet)
+    train, val = load_splits(DataConfig(source=str(out)))
+    assert 3000 <= train.n_bytes < 3000 + max(len(r.encode()) for r in rows)  # stops after the budget
+    assert list(train) == [r.encode() for r in rows[:len(train)]] and list(val) == [r.encode() for r in _rows(9, 4)]
+
+
+def test_damaged_or_misused_corpora_are_one_line_errors(source, tmp_path):
+    out = prepare(DataConfig(source=str(source)), tmp_path / "p", progress=False, log=_quiet)
+    cfg = DataConfig(source=str(out))
+    shard = out / "train" / "00000.bin"
+    data = bytearray(shard.read_bytes())
+    data[10] ^= 1
+    shard.write_bytes(bytes(data))
+    with pytest.raises(DataError, match=r"00000\.bin: checksum differs .*prepare it again"):
+        load_splits(cfg)
+    load_splits(replace(cfg, verify_data=False))  # sizes still match: opens without the checksum
+    shard.write_bytes(bytes(data[:-7]))
+    with pytest.raises(DataError, match=r"00000\.bin: .* bytes, the manifest says"):
+        load_splits(replace(cfg, verify_data=False))
+    with pytest.raises(DataError, match="training split of the prepared corpus"):
+        load_splits(replace(cfg, val_data=str(out / "train")))
+    manifest = json.loads((out / "manifest.json").read_text())
+    (out / "manifest.json").write_text(json.dumps({**manifest, "version": 99}))
+    with pytest.raises(DataError, match="version 99 .*--overwrite"):
+        Prepared.open(out)
+    with pytest.raises(DataError, match="exists and is not empty .*--overwrite"):
+        prepare(DataConfig(source=str(source)), out, progress=False, log=_quiet)
+    prepare(DataConfig(source=str(source)), out, overwrite=True, progress=False, log=_quiet)
+    assert load_splits(cfg)[0] == load_splits(DataConfig(source=str(source)))[0]
+
+
+def test_an_interrupted_prepare_leaves_nothing_that_looks_finished(source, tmp_path):
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "train.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in _rows(50, 0)) + "{oops\n")
+    (bad / "valid.jsonl").write_text(json.dumps({"text": "v"}) + "\n")
+    with pytest.raises(DataError, match=r"train\.jsonl:51: line is not valid JSON"):
+        prepare(DataConfig(source=str(bad)), tmp_path / "p", progress=False, log=_quiet)
+    assert not (tmp_path / "p").exists() and not list(tmp_path.glob(".p.partial-*"))
+    (tmp_path / ".p.partial-1").mkdir()  # a prepare killed with SIGKILL leaves this behind
+    prepare(DataConfig(source=str(source)), tmp_path / "p", progress=False, log=_quiet)
+    assert not list(tmp_path.glob(".p.partial-*"))
+    one = tmp_path / "one.txt"
+    one.write_text("a single document")
+    with pytest.raises(DataError, match="val split is empty"):
+        prepare(DataConfig(source=str(one), val_fraction=0.0), tmp_path / "q", progress=False, log=_quiet)
+
+
+def test_prepare_command(source, tmp_path, capsys):
+    assert main(["prepare", str(source), str(tmp_path / "p"), "--no-progress", "--shard-mb", "0.01"]) == 0
+    assert "learntok train --data" in capsys.readouterr().out
+    assert main(["prepare", str(tmp_path / "p"), str(tmp_path / "q"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "already a prepared corpus" in err and len(err.strip().splitlines()) == 1
+    assert main(["prepare", str(tmp_path / "missing"), str(tmp_path / "q")]) == 2
+    assert "no such file or directory" in capsys.readouterr().err
