@@ -49,7 +49,7 @@ def test_prepared_splits_equal_the_source(source, tmp_path):
     train, val = load_splits(DataConfig(source=str(out)))
     src_train, src_val = load_splits(DataConfig(source=str(source)))
     assert train == src_train and val == src_val and len(train) == 300
-    assert isinstance(train.read(0, 1), np.memmap)  # mapped, not read into memory
+    assert train.mapped and not src_train.mapped  # mapped from the shards, not read into memory
     assert load_split(DataConfig(source=str(out)), "test")[1] == load_split(DataConfig(source=str(source)), "test")[1]
     for pack in (True, False):  # windows that cross documents and shards come out the same
         a = ByteSequences(train, 48, pack, annotate=lambda d: np.frombuffer(d, np.uint8) % 5 == 0)

@@ -18,7 +18,9 @@ class Corpus(Sequence[bytes]):
 
     def __init__(self, shards: Sequence[tuple[np.ndarray, np.ndarray]], name: str = "data"):
         self.name = name
-        self._data = [d for d, _ in shards]  # uint8, possibly np.memmap
+        self.mapped = any(isinstance(d, np.memmap) for d, _ in shards)
+        """True if the bytes are memory-mapped from files (read on demand) rather than held in memory."""
+        self._data = [np.asarray(d) for d, _ in shards]  # uint8; a plain view of a memmap slices faster
         local = [np.asarray(o, dtype=np.int64) for _, o in shards]
         byte_base = np.cumsum([0] + [len(d) for d in self._data], dtype=np.int64)
         # Global document offsets in the concatenated stream of all shards (n_docs + 1,).
@@ -66,7 +68,9 @@ class Corpus(Sequence[bytes]):
 
     def read(self, start: int, n: int) -> np.ndarray:
         """Bytes [start, start + n) of the stream of all documents (uint8; a view within one shard)."""
-        s = int(np.searchsorted(self._shard_bytes, start, side="right")) - 1
+        if len(self._data) == 1:
+            return self._data[0][start:start + n]
+        s = int(self._shard_bytes.searchsorted(start, side="right")) - 1
         local = start - int(self._shard_bytes[s])
         if local + n <= len(self._data[s]):
             return self._data[s][local:local + n]

@@ -69,7 +69,7 @@ class ByteSequences:
         if not self.pack:
             return [(int(self._kept[i]), 0, L, 0)]
         a = i * L  # the window's first position in the stream with separators
-        d = int(np.searchsorted(self._eos, a))  # the document (or its EOS) at position a
+        d = int(self._eos.searchsorted(a))  # the document (or its EOS) at position a
         out, pos = [], a
         while pos < a + L:
             end = min(int(self._eos[d]), a + L)  # this document's bytes end at its EOS
@@ -82,8 +82,8 @@ class ByteSequences:
         """int64 array (len(indices), seq_len + 1) of the given samples, BOS first."""
         out = np.full((len(indices), self.seq_len + 1), EOS, dtype=np.int64)
         out[:, 0] = BOS
-        for r, i in enumerate(np.asarray(indices, dtype=np.int64)):
-            for d, first, n, at in self._pieces(int(i)):
+        for r, i in enumerate(np.asarray(indices, dtype=np.int64).tolist()):
+            for d, first, n, at in self._pieces(i):
                 out[r, 1 + at:1 + at + n] = self.corpus.read(int(self._starts[d]) + first, n)
         return out
 
