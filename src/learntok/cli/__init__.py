@@ -18,8 +18,11 @@ import io
 import os
 import re
 import sys
+import warnings
 from collections.abc import Sequence
 from typing import TypeVar
+
+from learntok.errors import LearntokError, LearntokWarning
 
 USAGE = """usage: learntok COMMAND [options]      (learntok COMMAND --help lists a command's options)
 
@@ -113,12 +116,23 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     module, func = COMMANDS[argv[0]].split(":")
     try:
-        return getattr(importlib.import_module(module), func)(argv[1:])
-    except (ValueError, FileNotFoundError, NotADirectoryError) as e:  # includes UsageError and DataError
-        print(f"learntok: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            warnings.simplefilter("always", LearntokWarning)
+            return getattr(importlib.import_module(module), func)(argv[1:])
     except BrokenPipeError:  # e.g. `learntok train --help | head`: the reader has gone, which is fine
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except (ValueError, OSError, LearntokError) as e:  # UsageError, DataError, a missing file, a full disk, ...
+        print(f"learntok: error: {str(e).strip() or type(e).__name__}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """learntok's own warnings as one line `learntok: warning: ...`; others as Python prints them."""
+    if issubclass(category, LearntokWarning):
+        print(f"learntok: warning: {message}", file=sys.stderr)
+    else:
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))

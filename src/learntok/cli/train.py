@@ -25,7 +25,11 @@ TRAIN_DESCRIPTION = """Train a byte-level U-Net whose tokenization is learned en
 Starts from --preset NAME (tiny, small, paper-147m, paper-90m-code, paper-aspect-N; default tiny) or from the run
 in --resume DIR; every other flag overrides one setting. --boundaries NAME picks the boundary strategy (learned,
 uniform, uniform-random, whitespace, bpe, dynamic, hnet, entropy); the options listed below under "boundary" are
-those of the strategy in effect: `learntok train --boundaries NAME --help` lists another's."""
+those of the strategy in effect: `learntok train --boundaries NAME --help` lists another's.
+
+--config FILE (.yaml, .toml or .json) applies a run config file on top of the preset before the flags;
+--write-config FILE writes the effective config (preset, file and flags) as such a file and exits without
+training ("-" prints TOML). docs/operations.md describes both."""
 
 
 def _flags(cls: type) -> set[str]:
@@ -48,16 +52,43 @@ def _check_strategy_flags(argv: list[str], name: str) -> None:
             raise UsageError(f"{flag} is an option of --boundaries {' / '.join(owners)}, not of --boundaries {name}")
 
 
-def parse_train_args(argv: list[str]):
-    """The TrainConfig of `learntok train argv...`."""
+FILE_FLAGS = ("--config", "--write-config")
+"""Options of the command, not of the config: taken out of argv before tyro parses the rest."""
+
+
+def split_file_flags(argv: list[str]) -> tuple[list[str], dict[str, str]]:
+    """(argv without --config / --write-config, their values)."""
+    rest, found, i = [], {}, 0
+    while i < len(argv):
+        flag, eq, value = argv[i].partition("=")
+        if flag in FILE_FLAGS:
+            if not eq:
+                if i + 1 >= len(argv):
+                    raise UsageError(f"{flag} needs a file name")
+                value, i = argv[i + 1], i + 1
+            found[flag] = value
+        else:
+            rest.append(argv[i])
+        i += 1
+    return rest, found
+
+
+def parse_train_args(argv: list[str], config_file: str | None = None):
+    """The TrainConfig of `learntok train argv...` (`config_file`: applied before the flags)."""
     from learntok.boundaries import config_class
     from learntok.config import TrainConfig, load_json
     from learntok.presets import get_preset
 
+    argv, files = split_file_flags(argv)
+    config_file = files.get("--config", config_file)
     pre = argparse.ArgumentParser(add_help=False)
     for flag in ("--preset", "--resume", "--boundaries"):
         pre.add_argument(flag, default=None)
     known, _ = pre.parse_known_args(argv)
+    if config_file and not known.preset and not known.resume:
+        from learntok.config_file import preset_of
+
+        known.preset = preset_of(config_file)
     if known.resume:
         cfg_path = Path(known.resume) / "config.json"
         if not cfg_path.exists():
@@ -68,6 +99,12 @@ def parse_train_args(argv: list[str]):
                              f"a run cannot switch to {known.boundaries} (start a new run instead)")
     else:
         base = get_preset(known.preset or "tiny")
+        if known.boundaries and known.boundaries != base.boundary.boundaries:
+            base = replace(base, boundary=base.boundary.converted(config_class(known.boundaries)))
+    if config_file:
+        from learntok.config_file import apply_file
+
+        base = apply_file(base, config_file)
         if known.boundaries and known.boundaries != base.boundary.boundaries:
             base = replace(base, boundary=base.boundary.converted(config_class(known.boundaries)))
     cls = type(base.boundary)
@@ -94,9 +131,21 @@ def cmd_train(argv: list[str]) -> int:
     from learntok.train import train
     from learntok.viz.boundary_map import preview_hook
 
+    _, files = split_file_flags(argv)
+    if "--write-config" in files:
+        from learntok.config_file import write_file
+
+        write_file(parse_train_args(argv), files["--write-config"])
+        if files["--write-config"] != "-":
+            print(f"wrote {files['--write-config']}", file=sys.stderr)
+        return 0
     cfg = fresh_out(parse_train_args(argv))
     result = train(cfg, on_eval=preview_hook)
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun only rank 0 reports
+        return 0
+    if result.stopped:  # preempted: the checkpoint is saved, the job may be requeued
+        print(f"\nstopped by {result.stopped} after {result.steps} steps; checkpoint saved in {result.out} "
+              f"(continue with: learntok train --resume {result.out})")
         return 0
     print(f"\ndone: {result.steps} steps, {result.bytes_seen / 1e6:.2f} MB in {result.seconds:.0f} s "
           f"({result.bytes_per_s / 1e3:.1f} kB/s)")

@@ -11,6 +11,7 @@ same function; rank 0 alone logs and writes files.
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -19,8 +20,9 @@ import numpy as np
 import torch
 import torch.distributed as tdist
 
-from learntok.config import TrainConfig
+from learntok.config import TrainConfig, to_dict
 from learntok.data import BatchIterator, ByteSequences, describe, load_splits, val_batches_with_flags
+from learntok.errors import TrainingError
 from learntok.model.lm import ByteLM
 from learntok.train.logs import Sinks, StepMetrics
 from learntok.train.parallel import (
@@ -33,6 +35,7 @@ from learntok.train.parallel import (
     stats_reducer,
     wrap_model,
 )
+from learntok.train.preempt import StopRequest
 from learntok.train.schedule import UNBOUNDED_STEPS, Stopwatch, check_config, lr_at, make_optimizer, total_steps
 from learntok.train.state import TrainState, open_run_dir, restore_state, save_state, write_config
 from learntok.train.validation import EvalHook, first_row, validate
@@ -61,11 +64,17 @@ class RunResult:
     bytes_per_s: float
     sample: str
     """A held-out snippet with the final model's boundaries marked, from the `on_eval` hook ("" without one)."""
+    stopped: str = ""
+    """The signal that stopped the run early with a checkpoint (e.g. "SIGTERM"; then no final evaluation), or ""."""
 
 
 def train(cfg: TrainConfig, *, log=print, on_eval: EvalHook | None = None) -> RunResult:
     """Train `cfg` (continuing the run in cfg.resume if set) and return the final numbers. `on_eval` shows a
-    held-out sample at each evaluation and at the end (the command line passes `learntok.viz.preview_hook`)."""
+    held-out sample at each evaluation and at the end (the command line passes `learntok.viz.preview_hook`).
+
+    SIGTERM / SIGUSR1 stop the run after the current step with a checkpoint (`RunResult.stopped` names the
+    signal; no final evaluation); Ctrl-C saves one and re-raises. A step with a non-finite loss or gradient norm
+    is skipped; `max_bad_steps` of them in a row save a checkpoint and raise TrainingError."""
     check_config(cfg)
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
@@ -78,8 +87,8 @@ def train(cfg: TrainConfig, *, log=print, on_eval: EvalHook | None = None) -> Ru
     train_seqs, val_seqs = load_data(cfg, model, out, d, log)
     val = val_batches_with_flags(val_seqs, micro, cfg.data.val_bytes)
     batches = BatchIterator(train_seqs, per_rank, cfg.seed, rank=d.rank, world_size=d.world)
-    ckpt = open_run_dir(out, bool(cfg.resume), cfg.overwrite, d)
-    state, optim_state = restore_state(ckpt, model, batches) if ckpt is not None else (TrainState(), None)
+    ckpt = open_run_dir(out, bool(cfg.resume), cfg.overwrite, d, log)
+    state, optim_state, window_state = restore_state(ckpt, model, batches) if ckpt else (TrainState(), None, None)
     if ckpt is not None:
         log(f"resumed from {ckpt} at step {state.step}")
     sharded = cfg.parallel == "fsdp" and d.active
@@ -96,13 +105,23 @@ def train(cfg: TrainConfig, *, log=print, on_eval: EvalHook | None = None) -> Ru
     evaluates = d.is_main or sharded  # FSDP's forward is collective: every rank evaluates
     steps = total_steps(cfg)
     bytes_per_step = cfg.batch_size * cfg.data.seq_len
-    sinks = Sinks(out, d, progress=cfg.progress, tensorboard=cfg.tensorboard,
+    wandb = dict(config=to_dict(cfg), project=cfg.wandb_project, entity=cfg.wandb_entity) if cfg.wandb else None
+    sinks = Sinks(out, d, progress=cfg.progress, tensorboard=cfg.tensorboard, style=cfg.progress_style, wandb=wandb,
                   total=steps if steps < UNBOUNDED_STEPS else None, initial=state.step, log=log)
-    window, clock = StepMetrics(), Stopwatch(state.elapsed)
-    window_start = (clock.elapsed(), state.bytes_seen)
+    clock = Stopwatch(state.elapsed)
+    window = StepMetrics((state.elapsed, state.bytes_seen))
+    if window_state is not None:
+        window.load_state_dict(window_state)
+    saved_at, bad_run = (state.step if ckpt is not None else -1), 0
 
     def save(barrier: bool = True) -> None:
-        save_state(out, model, wrapped, opt, batches, state, d, sharded=sharded, barrier=barrier)
+        nonlocal saved_at
+        if saved_at == state.step:  # e.g. the final save right after a periodic one
+            return
+        agreed = barrier or not d.active  # agreeing on the window is collective: not after Ctrl-C under torchrun
+        save_state(out, model, wrapped, opt, batches, state, d, sharded=sharded, barrier=barrier,
+                   window=window.state_dict(d) if agreed else None)
+        saved_at = state.step
 
     def evaluate(final: bool) -> dict:
         ev = validate(model, val, d.device) if evaluates else {"val/bpb": float("nan"), "val/rate": float("nan")}
@@ -119,38 +138,59 @@ def train(cfg: TrainConfig, *, log=print, on_eval: EvalHook | None = None) -> Ru
         return ev
 
     model.train()
+    stopped, ev = "", {"val/bpb": float("nan"), "val/rate": float("nan")}
     try:
-        while state.step < steps:
-            # Every rank uses the slowest rank's clock: all stop at the same step and, with --schedule time,
-            # all apply the same learning rate (DDP/FSDP replicas must take identical steps).
-            now = float(all_reduce_max(torch.tensor(clock.elapsed()), d)) if cfg.time_budget else 0.0
-            if cfg.time_budget and now >= cfg.time_budget:
-                log(f"time budget of {cfg.time_budget:.0f} s reached at step {state.step}")
-                break
-            lr = lr_at(cfg.optim, state.bytes_seen, steps * bytes_per_step, now, cfg.time_budget)
-            for group in opt.param_groups:
-                group["lr"] = lr
-            tokens = train_step(cfg, model, wrapped, fwd, opt, batches, state.step, d, micro, accum, window)
-            state.step += 1
-            state.bytes_seen += bytes_per_step
-            state.tokens_seen += tokens
-            state.flops += model.train_flops(bytes_per_step, tokens)
-            if state.step % cfg.log_every == 0 or state.step == steps:
-                t, b = clock.elapsed(), state.bytes_seen
-                sinks.training({**window.window(d), "step": state.step, "bytes": b, "flops": state.flops,
-                                "train/flops_per_byte": state.flops / b, "train/lr": lr, "time": t,
-                                "train/bytes_per_s": (b - window_start[1]) / max(t - window_start[0], 1e-9)})
-                window_start = (t, b)
-            sinks.stepped()
-            state.elapsed = clock.elapsed()
-            with clock.paused():  # evaluation and checkpoints do not count as training time
-                if cfg.eval_every and state.step % cfg.eval_every == 0 and state.step < steps:
-                    evaluate(final=False)
-                if cfg.ckpt_every and state.step % cfg.ckpt_every == 0:
+        with StopRequest() as stop:
+            while state.step < steps:
+                # All ranks use the slowest rank's clock (they stop at the same step and, with --schedule time,
+                # apply the same learning rate) and stop together when any rank received a stop signal.
+                now, stop_now = all_reduce_max(torch.tensor([clock.elapsed(), float(stop.requested)],
+                                                            dtype=torch.float64), d).tolist()
+                if stop_now:
+                    state.elapsed = clock.elapsed()
                     save()
+                    stopped = stop.signal or "a stop signal on another process"
+                    sinks.note(f"stopped by {stopped} at step {state.step}: checkpoint {out / f'step_{state.step:06d}'}"
+                               f" saved; continue with: learntok train --resume {out}")
+                    break
+                if cfg.time_budget and now >= cfg.time_budget:
+                    log(f"time budget of {cfg.time_budget:.0f} s reached at step {state.step}")
+                    break
+                lr = lr_at(cfg.optim, state.bytes_seen, steps * bytes_per_step, now if cfg.time_budget else 0.0,
+                           cfg.time_budget)
+                for group in opt.param_groups:
+                    group["lr"] = lr
+                tokens, bad = train_step(cfg, model, wrapped, fwd, opt, batches, state.step, d, micro, accum, window)
+                state.step += 1
+                state.bytes_seen += bytes_per_step
+                state.tokens_seen += tokens
+                state.flops += model.train_flops(bytes_per_step, tokens)
+                bad_run = bad_run + 1 if bad else 0
+                if bad:
+                    state.skipped_steps += 1
+                    sinks.note(f"step {state.step}: {bad}; update skipped ({bad_run} in a row, "
+                               f"the run stops at {cfg.max_bad_steps})")
+                if state.step % cfg.log_every == 0 or state.step == steps:
+                    t, b = clock.elapsed(), state.bytes_seen
+                    sinks.training({**window.window(d, (t, b)), "step": state.step, "bytes": b, "flops": state.flops,
+                                    "train/flops_per_byte": state.flops / b, "train/lr": lr, "time": t})
+                sinks.stepped()
+                state.elapsed = clock.elapsed()
+                if bad_run >= cfg.max_bad_steps:
+                    save()
+                    raise TrainingError(
+                        f"{bad_run} steps in a row had a non-finite loss or gradient norm (last: step {state.step},"
+                        f" {bad}); stopped. The weights are those of the last finite update (checkpoint step_"
+                        f"{state.step:06d} in {out}); try a lower --lr or --grad-clip, then --resume {out}")
+                with clock.paused():  # evaluation and checkpoints do not count as training time
+                    if cfg.eval_every and state.step % cfg.eval_every == 0 and state.step < steps:
+                        evaluate(final=False)
+                    if cfg.ckpt_every and state.step % cfg.ckpt_every == 0:
+                        save()
         seconds = state.elapsed = clock.elapsed()
-        save()
-        ev = evaluate(final=True)
+        if not stopped:
+            save()
+            ev = evaluate(final=True)
     except KeyboardInterrupt:
         log(f"interrupted at step {state.step}; saving a checkpoint (resume with: learntok train --resume {out})")
         if not sharded:  # gathering shards is collective, and the other ranks may be gone
@@ -161,7 +201,7 @@ def train(cfg: TrainConfig, *, log=print, on_eval: EvalHook | None = None) -> Ru
         sinks.close()
     return RunResult(out=out, steps=state.step, bytes_seen=state.bytes_seen, val_bpb=ev["val/bpb"],
                      val_rate=ev["val/rate"], seconds=seconds, bytes_per_s=state.bytes_seen / max(seconds, 1e-9),
-                     sample=ev.get("sample", ""))
+                     sample=ev.get("sample", ""), stopped=stopped)
 
 
 def batch_split(cfg: TrainConfig, d: Dist) -> tuple[int, int, int]:
@@ -193,9 +233,10 @@ def load_data(cfg: TrainConfig, model: ByteLM, out: Path, d: Dist, log) -> tuple
 
 
 def train_step(cfg: TrainConfig, model: ByteLM, wrapped, fwd, opt, batches: BatchIterator, step: int, d: Dist,
-               micro: int, accum: int, window: StepMetrics) -> int:
-    """One optimizer update on this process's rows of the next global batch; returns the tokens the whole
-    update formed (all processes)."""
+               micro: int, accum: int, window: StepMetrics) -> tuple[int, str]:
+    """One optimizer update on this process's rows of the next global batch. Returns the tokens the whole update
+    formed (all processes) and "" or, when the update was skipped because a loss or the gradient norm was not
+    finite on some process, what was wrong."""
     batch, flags = batches.next_with_flags()  # (per_rank, seq_len + 1) ids, flags or None
     batch = batch.to(d.device)
     rows = d.rank * batch.shape[0] + np.arange(batch.shape[0])  # global row indices of this rank's sequences
@@ -211,7 +252,7 @@ def train_step(cfg: TrainConfig, model: ByteLM, wrapped, fwd, opt, batches: Batc
                 model(mb.ids, mb.targets, noise=mb.noise, prescribed=mb.prescribed, batch_stats=recorder)
 
     reducer = stats_reducer(d, accum, pre_pass) if model.boundary.uses_rewards else None
-    tokens = 0
+    tokens, losses = 0, []
     for i, mb in enumerate(parts):
         sync = contextlib.nullcontext()
         if d.active and cfg.parallel == "ddp" and i < accum - 1:
@@ -221,9 +262,16 @@ def train_step(cfg: TrainConfig, model: ByteLM, wrapped, fwd, opt, batches: Batc
                 out = fwd(mb.ids, mb.targets, noise=mb.noise, prescribed=mb.prescribed, batch_stats=reducer)
             (out.loss / accum).backward()
         tokens += int(out.n_tokens.sum())
+        losses.append(float(out.loss.detach()))
         window.add_micro(out, accum)
     clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
-    window.end_step(float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip)))
-    opt.step()
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip))
+    finite = math.isfinite(grad_norm) and all(map(math.isfinite, losses))
+    if d.active:  # skip on every rank or on none
+        finite = not bool(all_reduce_max(torch.tensor(float(not finite)), d))
+    if finite:
+        opt.step()
     opt.zero_grad(set_to_none=True)
-    return int(all_reduce_sum(torch.tensor(tokens, dtype=torch.float64), d))
+    window.end_step(grad_norm, applied=finite)
+    bad = "" if finite else f"loss {', '.join(f'{v:g}' for v in losses)}, gradient norm {grad_norm:g}"
+    return int(all_reduce_sum(torch.tensor(tokens, dtype=torch.float64), d)), bad

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as tdist
 
 from learntok import __version__
-from learntok.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from learntok.checkpoint import clean_stale, find_checkpoint, load_checkpoint, save_checkpoint
 from learntok.config import TrainConfig, to_dict
 from learntok.data import BatchIterator
 from learntok.train.parallel import Dist, full_state
@@ -39,11 +39,18 @@ class TrainState:
     """Training FLOPs by the paper's 6 x matrix-parameters accounting."""
     elapsed: float = 0.0
     """Training seconds (evaluation and checkpoint pauses excluded)."""
+    skipped_steps: int = 0
+    """Updates skipped because the loss or the gradient norm was not finite."""
 
 
-def open_run_dir(out: Path, resume: bool, overwrite: bool, d: Dist) -> Path | None:
+def open_run_dir(out: Path, resume: bool, overwrite: bool, d: Dist, log=print) -> Path | None:
     """Check `out` before training: an existing run is never replaced silently (clear it with `overwrite`).
-    Returns the checkpoint to resume from (None for a fresh run)."""
+    Returns the checkpoint to resume from (None for a fresh run).
+
+    Resuming takes the newest intact checkpoint (a damaged newer one is skipped with a warning, see
+    `learntok.checkpoint.find_checkpoint`), removes temporary files of interrupted checkpoint writes, and drops
+    the metric lines logged after that checkpoint (the resumed run logs them again, identically). A run with no
+    intact checkpoint yet starts again from step 0 with a warning. Rank 0 decides; the others follow."""
     if not resume and (out / "metrics.jsonl").exists():
         if not overwrite:
             raise ValueError(f"{out} already holds a run; continue it with --resume {out}, replace it with "
@@ -53,10 +60,51 @@ def open_run_dir(out: Path, resume: bool, overwrite: bool, d: Dist) -> Path | No
                 shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
         if d.active:
             tdist.barrier()
-    ckpt = latest_checkpoint(out) if resume else None
-    if resume and ckpt is None:
-        raise ValueError(f"--resume {out}: no complete checkpoint found there")
-    return ckpt
+    if not resume:
+        return None
+    name = [None]
+    if d.is_main:
+        stale = clean_stale(out)
+        if stale:
+            log(f"removed {len(stale)} temporary file(s) of an interrupted checkpoint write: {', '.join(stale)}")
+        ckpt, notes = find_checkpoint(out)
+        for note in notes:
+            log(f"warning: {note}")
+        if ckpt is None:
+            log(f"warning: --resume {out}: no intact checkpoint yet; starting again from step 0")
+        dropped = truncate_metrics(out, ckpt_step(ckpt) if ckpt is not None else 0)
+        if dropped:
+            log(f"dropped {dropped} metric line(s) logged after the checkpoint (the resumed run logs them again)")
+        name = [ckpt.name if ckpt is not None else None]
+    if d.active:
+        tdist.broadcast_object_list(name, src=0)
+    return out / name[0] if name[0] is not None else None
+
+
+def ckpt_step(ckpt: Path) -> int:
+    return int(ckpt.name.split("_")[-1])
+
+
+def truncate_metrics(out: Path, step: int) -> int:
+    """Drop metrics.jsonl lines of steps after `step` (atomically); returns how many were dropped."""
+    path = out / "metrics.jsonl"
+    if not path.exists():
+        return 0
+    lines = path.read_text().splitlines(keepends=True)
+    keep = []
+    for line in lines:
+        try:
+            row_step = json.loads(line).get("step", 0)
+        except ValueError:
+            continue  # a line cut short by the kill: drop it too
+        if row_step <= step:
+            keep.append(line if line.endswith("\n") else line + "\n")
+    if len(keep) == len(lines):
+        return 0
+    tmp = out / "metrics.jsonl.tmp"
+    tmp.write_text("".join(keep))
+    os.replace(tmp, path)
+    return len(lines) - len(keep)
 
 
 def run_info() -> dict:
@@ -83,22 +131,25 @@ def write_config(out: Path, cfg: TrainConfig, world: int) -> None:
 
 
 def save_state(out: Path, model, wrapped, opt, batches: BatchIterator, state: TrainState, d: Dist, *, sharded: bool,
-               barrier: bool = True) -> None:
-    """Write a checkpoint of `state.step`. Gathering FSDP2 shards is collective, so every rank calls this;
-    rank 0 writes."""
+               window: dict | None = None, barrier: bool = True) -> None:
+    """Write a checkpoint of `state.step`, with the log window's accumulators (`window`, already agreed over
+    ranks) so that the first metric line after a resume is the uninterrupted run's. Gathering FSDP2 shards is
+    collective, so every rank calls this; rank 0 writes."""
     tensors, optim = full_state(model, wrapped, opt, sharded)
     if d.is_main:
         save_checkpoint(out, state.step, tensors, {
             "optimizer": optim, "data": batches.state_dict(), "torch_rng": torch.get_rng_state(),
-            **dataclasses.asdict(state), "world_size": d.world})
+            **dataclasses.asdict(state), "world_size": d.world, "window": window})
     if barrier and d.active:
         tdist.barrier()
 
 
-def restore_state(ckpt: Path, model, batches: BatchIterator) -> tuple[TrainState, dict]:
+def restore_state(ckpt: Path, model, batches: BatchIterator) -> tuple[TrainState, dict, dict | None]:
     """Load a checkpoint's weights into `model` (before any sharding), the data position into `batches` and the
-    torch RNG; returns the counters and the (full) optimizer state dict."""
+    torch RNG; returns the counters, the (full) optimizer state dict and the log window's accumulators (None in
+    checkpoints without them)."""
     raw = load_checkpoint(ckpt, model)
     batches.load_state_dict(raw["data"])
     torch.set_rng_state(raw["torch_rng"])
-    return TrainState(**{f.name: raw[f.name] for f in dataclasses.fields(TrainState)}), raw["optimizer"]
+    counters = {f.name: raw[f.name] for f in dataclasses.fields(TrainState) if f.name in raw}
+    return TrainState(**counters), raw["optimizer"], raw.get("window")

@@ -1,0 +1,23 @@
+"""Errors that the command line reports as one line `learntok: error: ...` with exit status 2 (never a traceback).
+
+They subclass `LearntokError`, which imports nothing, so `learntok.cli` can catch them without loading torch.
+ValueError, FileNotFoundError and other OSErrors are reported the same way; these name learntok's own failures.
+"""
+
+from __future__ import annotations
+
+
+class LearntokError(Exception):
+    """A failure with a message meant for people."""
+
+
+class CheckpointError(LearntokError):
+    """A checkpoint that is damaged, missing or could not be written."""
+
+
+class TrainingError(LearntokError):
+    """Training cannot go on (e.g. too many consecutive non-finite steps)."""
+
+
+class LearntokWarning(UserWarning):
+    """Something the user should know that does not stop the command (the CLI prints it as one line)."""
