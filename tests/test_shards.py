@@ -82,6 +82,9 @@ def test_prepare_from_a_hugging_face_dataset_and_a_byte_budget(tmp_path):
     train, val = load_splits(DataConfig(source=str(out)))
     assert 3000 <= train.n_bytes < 3000 + max(len(r.encode()) for r in rows)  # stops after the budget
     assert list(train) == [r.encode() for r in rows[:len(train)]] and list(val) == [r.encode() for r in _rows(9, 4)]
+    long = prepare(cfg, tmp_path / "long", min_doc_bytes=200, progress=False, log=_quiet)
+    kept, _ = load_splits(DataConfig(source=str(long)))
+    assert list(kept) == [r.encode() for r in rows if len(r.encode()) >= 200] and 0 < len(kept) < len(rows)
 
 
 def test_damaged_or_misused_corpora_are_one_line_errors(source, tmp_path):

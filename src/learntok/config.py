@@ -93,6 +93,11 @@ class DataConfig:
     """Share of documents held out (by a hash of the document key) when no validation split is given."""
     val_bytes: int = 262_144
     """Bytes of validation data used per evaluation (the first sequences of the validation split)."""
+    stream: bool = False
+    """With hf: data, stream the rows instead of reading them (each process its share, shuffled by a buffer; no
+    memory grows with the dataset; docs/data.md says when a resume is exact)."""
+    shuffle_buffer: int = 10_000
+    """Rows in the shuffle buffer of --stream (1 = stream order)."""
     verify_data: bool = True
     """Check the checksums of a prepared corpus's shards when opening it (about 1 s per GB; sizes are always
     checked)."""

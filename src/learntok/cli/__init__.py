@@ -36,6 +36,7 @@ commands:
   show      boundary map of a text (terminal / --html / --png)
   plot      training curves of runs (validation BPB vs FLOPs and bytes, rates, losses, throughput)
   report    one self-contained HTML page per run
+  prepare   convert a data source into memory-mapped byte shards (for corpora larger than memory)
   export    turn a run into a shareable model directory (config.json + model.safetensors)
   train-entropy-model   train the small byte LM of the `entropy` (BLT) boundary strategy
 
@@ -48,7 +49,7 @@ examples:
 
 COMMANDS = {
     "train": "learntok.cli.train:cmd_train", "train-entropy-model": "learntok.cli.train:cmd_train_entropy_model",
-    "export": "learntok.cli.train:cmd_export",
+    "export": "learntok.cli.train:cmd_export", "prepare": "learntok.cli.data:cmd_prepare",
     "eval": "learntok.cli.evaluate:cmd_eval", "compare": "learntok.cli.evaluate:cmd_compare",
     "generate": "learntok.cli.use:cmd_generate", "segment": "learntok.cli.use:cmd_segment",
     "vocab": "learntok.cli.use:cmd_vocab",

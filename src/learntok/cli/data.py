@@ -34,7 +34,9 @@ class PrepareArgs:
     val_fraction: float = 0.05
     """Share of documents held out (by a hash of the document key) when the source has no validation split."""
     max_bytes: float = 0.0
-    """Stop the training split after this many bytes (0 = all of it)."""
+    """Stop the training split after this many bytes of documents (0 = all of it)."""
+    min_doc_bytes: int = 0
+    """Leave out documents shorter than this (4096 with the paper's keep-and-truncate rule, --no-pack)."""
     shard_mb: float = 1024.0
     """Size of each shard in MB."""
     overwrite: bool = False
@@ -43,8 +45,9 @@ class PrepareArgs:
     """Show a progress bar with MB/s."""
 
     def __post_init__(self) -> None:
-        if self.shard_mb <= 0 or self.max_bytes < 0:
-            raise ValueError(f"--shard-mb must be > 0 and --max-bytes >= 0 (got {self.shard_mb}, {self.max_bytes})")
+        if self.shard_mb <= 0 or self.max_bytes < 0 or self.min_doc_bytes < 0:
+            raise ValueError(f"--shard-mb must be > 0 and --max-bytes, --min-doc-bytes >= 0 (got {self.shard_mb}, "
+                             f"{self.max_bytes}, {self.min_doc_bytes})")
 
 
 def cmd_prepare(argv: list[str]) -> int:
@@ -53,7 +56,7 @@ def cmd_prepare(argv: list[str]) -> int:
 
     a = parse(PrepareArgs, argv, "learntok prepare", PREPARE_DESCRIPTION)
     cfg = DataConfig(source=a.source, val_data=a.val_data, text_field=a.text_field, val_fraction=a.val_fraction)
-    out = prepare(cfg, a.out, shard_bytes=int(a.shard_mb * 1e6), max_bytes=a.max_bytes, overwrite=a.overwrite,
-                  progress=a.progress)
+    out = prepare(cfg, a.out, shard_bytes=int(a.shard_mb * 1e6), max_bytes=a.max_bytes,
+                  min_doc_bytes=a.min_doc_bytes, overwrite=a.overwrite, progress=a.progress)
     print(f"train on it with: learntok train --data {out}")
     return 0

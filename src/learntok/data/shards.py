@@ -84,12 +84,12 @@ class _ShardWriter:
         return {"docs": self.docs, "bytes": self.bytes, "shards": self.shards}
 
 
-def prepare(cfg, out: str | Path, *, shard_bytes: int = 1 << 30, max_bytes: float = 0, overwrite: bool = False,
-            progress: bool = True, log: Callable[[str], None] = print) -> Path:
+def prepare(cfg, out: str | Path, *, shard_bytes: int = 1 << 30, max_bytes: float = 0, min_doc_bytes: int = 0,
+            overwrite: bool = False, progress: bool = True, log: Callable[[str], None] = print) -> Path:
     """Convert the documents of data config `cfg` (its source, val_data, text_field, val_fraction; split as
     `learntok train` splits them, with a directory's test* files as a test split) into a prepared corpus at
-    `out`. `max_bytes` > 0 stops the training split after that many bytes (e.g. the paper's 6e9 of FineWeb).
-    Returns `out`."""
+    `out`. `max_bytes` > 0 stops the training split after that many bytes; `min_doc_bytes` > 0 leaves out
+    shorter documents (e.g. 4096: the only ones the paper's keep-and-truncate rule trains on). Returns `out`."""
     out = Path(out)
     if is_prepared(cfg.source):
         raise DataError(f"{cfg.source}: already a prepared corpus; train on it with --data {cfg.source}")
@@ -101,12 +101,16 @@ def prepare(cfg, out: str | Path, *, shard_bytes: int = 1 << 30, max_bytes: floa
         shutil.rmtree(stale, ignore_errors=True)
     tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
     writers: dict[str, _ShardWriter] = {}
+    short = dict.fromkeys(SPLITS, 0)
     t0 = time.perf_counter()
     from tqdm.auto import tqdm
 
     bar = tqdm(unit="B", unit_scale=True, unit_divisor=1000, disable=not progress, desc=f"prepare {out.name}")
     try:
         for split, doc in split_documents(cfg, test=True, max_train_bytes=max_bytes):
+            if len(doc) < min_doc_bytes:
+                short[split] += 1
+                continue
             if split not in writers:
                 writers[split] = _ShardWriter(tmp, split, shard_bytes)
             writers[split].add(doc)
@@ -118,7 +122,8 @@ def prepare(cfg, out: str | Path, *, shard_bytes: int = 1 << 30, max_bytes: floa
                                 "train* and valid* files, or a larger --val-fraction)")
         manifest = {"format": FORMAT, "version": VERSION, "source": cfg.source, "val_data": cfg.val_data,
                     "text_field": cfg.text_field, "val_fraction": cfg.val_fraction, "max_bytes": max_bytes,
-                    "shard_bytes": shard_bytes, "learntok": _version(),
+                    "shard_bytes": shard_bytes, "min_doc_bytes": min_doc_bytes,
+                    "short_docs_left_out": {s: n for s, n in short.items() if n}, "learntok": _version(),
                     "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                     "splits": {s: w.finish() for s, w in writers.items()}}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")

@@ -22,6 +22,7 @@ import torch.distributed as tdist
 
 from learntok.config import TrainConfig, to_dict
 from learntok.data import BatchIterator, ByteSequences, describe, load_splits, val_batches_with_flags
+from learntok.data.stream import StreamBatches, open_stream
 from learntok.errors import TrainingError
 from learntok.model.lm import ByteLM
 from learntok.train.logs import Sinks, StepMetrics
@@ -39,6 +40,9 @@ from learntok.train.preempt import StopRequest
 from learntok.train.schedule import UNBOUNDED_STEPS, Stopwatch, check_config, lr_at, make_optimizer, total_steps
 from learntok.train.state import TrainState, open_run_dir, restore_state, save_state, write_config
 from learntok.train.validation import EvalHook, first_row, validate
+
+STREAM_PREPARE_BYTES = 16_000_000
+"""With --stream, a strategy prepares itself (e.g. trains its BPE tokenizer) on the stream's first bytes."""
 
 
 class MicroBatch(NamedTuple):
@@ -84,9 +88,8 @@ def train(cfg: TrainConfig, *, log=print, on_eval: EvalHook | None = None) -> Ru
     out = Path(cfg.resume or cfg.out)
     torch.manual_seed(cfg.seed)
     model = ByteLM(cfg.model, cfg.boundary).to(d.device)
-    train_seqs, val_seqs = load_data(cfg, model, out, d, log)
+    batches, val_seqs = load_data(cfg, model, out, d, per_rank, log)
     val = val_batches_with_flags(val_seqs, micro, cfg.data.val_bytes)
-    batches = BatchIterator(train_seqs, per_rank, cfg.seed, rank=d.rank, world_size=d.world)
     ckpt = open_run_dir(out, bool(cfg.resume), cfg.overwrite, d, log)
     state, optim_state, window_state = restore_state(ckpt, model, batches) if ckpt else (TrainState(), None, None)
     if ckpt is not None:
@@ -215,11 +218,20 @@ def batch_split(cfg: TrainConfig, d: Dist) -> tuple[int, int, int]:
     return per_rank, micro, per_rank // micro
 
 
-def load_data(cfg: TrainConfig, model: ByteLM, out: Path, d: Dist, log) -> tuple[ByteSequences, ByteSequences]:
-    """Both splits as sequences. The strategy is prepared on the documents first (e.g. a BPE tokenizer trained
-    and saved in `out` by rank 0, then loaded by the others), and annotates them if it prescribes boundaries."""
-    train_docs, val_docs = load_splits(cfg.data)
-    log(describe(train_docs, val_docs))
+def load_data(cfg: TrainConfig, model: ByteLM, out: Path, d: Dist, per_rank: int,
+              log) -> tuple[BatchIterator | StreamBatches, ByteSequences]:
+    """This process's training batches and the validation sequences. The strategy is prepared on the documents
+    first (e.g. a BPE tokenizer trained and saved in `out` by rank 0, then loaded by the others; from a sample
+    of the stream with --stream), and annotates them if it prescribes boundaries."""
+    dc = cfg.data
+    if dc.stream:
+        stream, val_docs = open_stream(dc, rank=d.rank, world_size=d.world, seed=cfg.seed)
+        train_docs = stream.sample(STREAM_PREPARE_BYTES)
+        log(f"data: train streamed from {dc.source} (shuffle buffer {dc.shuffle_buffer} rows), "
+            f"val {len(val_docs):,} docs / {sum(map(len, val_docs)):,} bytes")
+    else:
+        train_docs, val_docs = load_splits(dc)
+        log(describe(train_docs, val_docs))
     strategy = model.boundary
     if d.is_main:
         strategy.prepare(train_docs, val_docs, out)
@@ -227,9 +239,12 @@ def load_data(cfg: TrainConfig, model: ByteLM, out: Path, d: Dist, log) -> tuple
         tdist.barrier()
         if not d.is_main:
             strategy.prepare(train_docs, val_docs, out)
-    dc, annotate = cfg.data, strategy.annotator
-    return (ByteSequences(train_docs, dc.seq_len, dc.pack, name="training data", annotate=annotate),
-            ByteSequences(val_docs, dc.seq_len, dc.pack, name="validation data", annotate=annotate))
+    annotate = strategy.annotator
+    val = ByteSequences(val_docs, dc.seq_len, dc.pack, name="validation data", annotate=annotate)
+    if dc.stream:
+        return StreamBatches(stream, dc.seq_len, per_rank, dc.pack, annotate), val
+    train = ByteSequences(train_docs, dc.seq_len, dc.pack, name="training data", annotate=annotate)
+    return BatchIterator(train, per_rank, cfg.seed, rank=d.rank, world_size=d.world), val
 
 
 def train_step(cfg: TrainConfig, model: ByteLM, wrapped, fwd, opt, batches: BatchIterator, step: int, d: Dist,

@@ -1,0 +1,97 @@
+"""Training on a Hugging Face dataset as a stream (--stream): the windows of the documents in stream order, a
+share per process, and a resume that continues exactly."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from learntok.config import DataConfig
+from learntok.data import ByteSequences, DataError
+from learntok.data.stream import DocumentStream, StreamBatches, open_stream
+
+from .conftest import tiny_train_config
+
+datasets = pytest.importorskip("datasets", reason="--stream needs the datasets package (pip install 'learntok[hf]')")
+
+
+def _rows(n: int) -> list[str]:
+    rng = np.random.default_rng(0)
+    return [" ".join(rng.choice(["byte", "token", "Grüße", "def f(x):", "\n"], size=rng.integers(0, 40)))
+            for _ in range(n)]
+
+
+@pytest.fixture
+def spec(tmp_path) -> str:
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": _rows(120)})}).save_to_disk(tmp_path / "ds")
+    return f"hf:{tmp_path / 'ds'}:train"
+
+
+def _take(batches, n):
+    return [batches.next_with_flags() for _ in range(n)]
+
+
+@pytest.mark.parametrize("pack", [True, False])
+def test_stream_windows_are_the_documents_windows_in_order(spec, pack):
+    docs = [r.encode() for r in _rows(120)]
+    seqs = ByteSequences(docs, 32, pack, annotate=lambda d: np.frombuffer(d, np.uint8) % 7 == 0)
+    stream = DocumentStream(spec, "text", shuffle_buffer=0)
+    batches = StreamBatches(stream, 32, 4, pack, annotate=lambda d: np.frombuffer(d, np.uint8) % 7 == 0)
+    got = _take(batches, len(seqs) // 4)
+    idx = np.arange(len(seqs) // 4 * 4)
+    assert np.array_equal(np.concatenate([g[0].numpy() for g in got]), seqs.batch(idx))
+    assert np.array_equal(np.concatenate([g[1].numpy() for g in got]), seqs.flag_batch(idx))
+
+
+@pytest.mark.parametrize("shuffle", [0, 16])
+def test_a_resumed_stream_continues_exactly(spec, shuffle):
+    def fresh():
+        return StreamBatches(DocumentStream(spec, "text", shuffle_buffer=shuffle, seed=3), 48, 3)
+
+    whole = fresh()
+    ref = [b[0] for b in _take(whole, 150)]  # more than one pass over the 120 rows
+    assert whole.epoch >= 1
+    part = fresh()
+    _take(part, 61)
+    resumed = fresh()
+    resumed.load_state_dict(json.loads(json.dumps(part.state_dict())))
+    assert all((a == b).all() for a, b in zip([b[0] for b in _take(resumed, 89)], ref[61:]))
+    with pytest.raises(ValueError, match="not a stream's"):
+        resumed.load_state_dict({"epoch": 0, "position": 0, "seed": 0})
+
+
+def test_each_process_streams_its_own_share(spec):
+    shares = [list(DocumentStream(spec, "text", rank=r, world_size=2, shuffle_buffer=0).documents()) for r in (0, 1)]
+    assert sorted(shares[0] + shares[1]) == sorted(r.encode() for r in _rows(120))  # every row once, as a multiset
+    assert len(shares[0]) == len(shares[1]) == 60
+
+
+def test_validation_is_held_out_of_the_stream(spec):
+    cfg = DataConfig(source=spec, stream=True, val_bytes=500)
+    stream, val = open_stream(cfg, rank=0, world_size=1, seed=0)
+    docs = [r.encode() for r in _rows(120)]
+    assert val == [d for d in docs[:len(val) + 5] if d][:len(val)] and sum(len(d) + 1 for d in val) >= 500
+    train = list(stream.documents())
+    assert len(train) + sum(1 for d in docs if d in val) <= len(docs) and not set(val) & set(train)
+    with pytest.raises(DataError, match="--stream reads Hugging Face datasets"):
+        open_stream(DataConfig(source="stdlib", stream=True), rank=0, world_size=1, seed=0)
+
+
+def test_training_on_a_stream_resumes_bit_exactly(spec, tmp_path):
+    from learntok.train import train
+
+    base = tiny_train_config(tmp_path / "full", "x", max_steps=4, ckpt_every=2)
+    base = replace(base, data=DataConfig(source=spec, stream=True, shuffle_buffer=8, seq_len=64, val_bytes=512))
+    train(base, log=lambda *_: None)
+    part = replace(base, out=str(tmp_path / "part"), max_steps=2)
+    train(part, log=lambda *_: None)
+    train(replace(part, resume=str(tmp_path / "part"), max_steps=4), log=lambda *_: None)
+
+    def losses(run):
+        rows = [json.loads(x) for x in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
+        return [(r["step"], r["loss/auto"]) for r in rows if "loss/auto" in r]
+
+    assert losses("part") == losses("full") and len(losses("full")) == 4
