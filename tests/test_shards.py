@@ -137,3 +137,19 @@ def test_prepare_command(source, tmp_path, capsys):
     assert "already a prepared corpus" in err and len(err.strip().splitlines()) == 1
     assert main(["prepare", str(tmp_path / "missing"), str(tmp_path / "q")]) == 2
     assert "no such file or directory" in capsys.readouterr().err
+
+
+def test_evaluation_reads_the_prepared_splits(source, tmp_path, capsys):
+    from learntok.evaluation.report import heldout_documents
+    from learntok.train import train
+
+    out = prepare(DataConfig(source=str(source)), tmp_path / "p", progress=False, log=_quiet)
+    run = tmp_path / "run"
+    train(tiny_train_config(run, out, max_steps=2), log=_quiet)
+    assert main(["eval", str(run), "--split", "test", "--tasks", "none", "--no-progress", "--limit", "2"]) == 0
+    assert "(test)" in capsys.readouterr().out
+    from learntok.checkpoint import load_run
+
+    cfg, _ = load_run(run)
+    desc, docs = heldout_documents(cfg, str(out), "val")  # --data PREPARED: its split
+    assert docs == load_split(DataConfig(source=str(source)), "val")[1] and "(val)" in desc
