@@ -86,3 +86,19 @@ def test_a_resumed_run_cannot_switch_strategy(tmp_path):
     with pytest.raises(ValueError, match="cannot switch to uniform"):
         parse_train_args(["--resume", str(run), "--boundaries", "uniform"])
     assert parse_train_args(["--resume", str(run), "--gamma", "0.5"]).boundary.gamma == 0.5
+
+
+def test_the_policy_norm_is_an_option_and_older_runs_keep_it():
+    from learntok.model.lm import ByteLM
+
+    from .conftest import tiny_model
+
+    assert not LearnedConfig().policy_norm and get_preset("paper-147m").boundary.policy_norm is False
+    assert get_preset("tiny").boundary.policy_norm  # the small-scale settings were screened with it
+    with_norm = ByteLM(tiny_model(), LearnedConfig(policy_norm=True)).state_dict()
+    assert "boundary.norm.weight" in with_norm
+    assert "boundary.norm.weight" not in ByteLM(tiny_model(), LearnedConfig()).state_dict()
+    v2 = to_dict(get_preset("paper-147m"))
+    del v2["boundary"]["policy_norm"]
+    v2["config_version"] = 2  # written before the option existed, when the norm was always there
+    assert from_dict(v2).boundary.policy_norm

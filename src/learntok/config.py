@@ -25,8 +25,8 @@ import tyro
 from learntok.boundaries import BoundaryConfig, config_class
 from learntok.boundaries.learned import LearnedConfig
 
-CONFIG_VERSION = 2
-"""Bumped whenever a field changes meaning; `from_dict` converts version 1 and refuses others."""
+CONFIG_VERSION = 3
+"""Bumped whenever a field changes meaning; `from_dict` converts older versions (`upgrade`) and refuses others."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -231,12 +231,7 @@ _SECTIONS = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig}
 def from_dict(d: dict) -> TrainConfig:
     """Rebuild a TrainConfig; unknown keys or an unknown config version are errors, never silently dropped."""
     d = dict(d)
-    version = d.pop("config_version", None)
-    if version == 1:
-        d = upgrade_v1(d)
-    elif version != CONFIG_VERSION:
-        raise ValueError(f"config version {version} is not supported (this learntok reads versions 1 and "
-                         f"{CONFIG_VERSION})")
+    d = upgrade(d, d.pop("config_version", None))
     kw = {k: build(cls, d.pop(k), f"config.{k}") for k, cls in _SECTIONS.items() if k in d}
     if "boundary" in d:
         kw["boundary"] = boundary_from_dict(d.pop("boundary"), "config.boundary")
@@ -250,6 +245,26 @@ _V1_BOUNDARY = {"boundaries", "target_rate", "policy_window", "logit_scale", "lo
                 "pooling", "gumbel_temperature", "prior_weight", "ratio_loss_weight", "bpe_vocab_size",
                 "entropy_model", "entropy_threshold", "eval_boundaries"}
 """The options of version 1's flat BoundaryConfig (besides _V1_MODEL)."""
+
+
+def upgrade(d: dict, version) -> dict:
+    """A config dict (or a dict with its `model` and `boundary` sections) of `version`, in the current version."""
+    if version == 1:
+        d, version = upgrade_v1(d), 2
+    if version == 2:
+        d, version = upgrade_v2(d), 3
+    if version != CONFIG_VERSION:
+        raise ValueError(f"config version {version} is not supported (this learntok reads versions 1 to "
+                         f"{CONFIG_VERSION})")
+    return d
+
+
+def upgrade_v2(d: dict) -> dict:
+    """Version 2 -> 3: the learned policy's RMSNorm became an option (`policy_norm`); runs before it had it."""
+    boundary = d.get("boundary", {})
+    if boundary.get("boundaries") == "learned" and "policy_norm" not in boundary:
+        d = {**d, "boundary": {**boundary, "policy_norm": True}}
+    return d
 
 
 def upgrade_v1(d: dict) -> dict:

@@ -19,7 +19,7 @@ from learntok.boundaries.learned import LearnedConfig
 from learntok.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
 
 SMALL_SCALE_POLICY = LearnedConfig(gamma=0.9, normalize_advantage=True, detach_encoder=True, policy_window=0,
-                                   logit_scale=2.0, pooling="mean")
+                                   logit_scale=2.0, pooling="mean", policy_norm=True)
 """The settings that make the policy learn within minutes on a CPU (experiments/small_scale/SCREENING.md): a
 shorter return horizon, advantages in units of their spread, no policy gradient into the encoder (dynamic's
 predictor is detached too), independent decisions, logits that move 8x faster than the paper's D = 16, and

@@ -47,6 +47,9 @@ class LearnedConfig(SampledConfig):
     The authors' code 'window 8' corresponds to 7 here, its 'w = 1' to 0 (docs/method.md)."""
     logit_scale: float = 16.0
     """D in l_scaled = l_raw / D + logit(pi_target)."""
+    policy_norm: bool = False
+    """RMSNorm the encoder state before the policy projection (not in eq. 21: it rescales l_raw, by about 1.6x
+    (`small`) to 3x (`paper-147m`) at initialisation, so it interacts with D)."""
     logit_softcap: float = 6.0
     """Soft-cap of the boundary logits in training (c*tanh(l/c)); 0 disables it. None at evaluation."""
     gamma: float = 0.99
@@ -94,7 +97,7 @@ class LearnedBoundaries(BoundaryStrategy):
 
     def __init__(self, cfg: LearnedConfig, dim: int):
         super().__init__(cfg, dim)
-        self.norm = RMSNorm(dim)
+        self.norm = RMSNorm(dim) if cfg.policy_norm else nn.Identity()
         # One matmul gives W_0 X_t (content) and W_j X_t (j = 1..w, previous-boundary terms) for every t.
         self.proj = nn.Linear(dim, cfg.policy_window + 1, bias=False)
         self.bias = math.log(cfg.target_rate / (1 - cfg.target_rate))  # logit(pi_target)
