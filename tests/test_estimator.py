@@ -137,12 +137,15 @@ def test_policy_loss_is_minus_logprob_times_advantage():
     cfg = LearnedConfig(policy_window=2, lambda_policy=1.0, lambda_target=1.0)
     pol, x, out, logp, logp_early, valid, terms = _policy_losses(cfg)
     adv = batch_relative_advantage(discounted_returns(logp - logp_early, cfg.gamma), valid)
-    keep = out.free
-    expected = -(out.log_prob * adv)[keep].mean()
+    decided = torch.ones_like(valid)
+    decided[:, 0] = False  # a_0 = 1 is forced (BOS); nothing else is without --force-last
+    expected = -(out.log_prob * adv)[decided].mean()
     torch.testing.assert_close(terms["loss/policy"], expected)
-    # forced a_0 = 1 carries no policy gradient
-    g = torch.autograd.grad(terms["loss/policy"], x)[0]
-    assert out.mask[:, 0].all() and torch.isfinite(g).all()
+    # The forced a_0 carries no policy gradient: byte 0's encoder state feeds only a_0's logit (every policy
+    # logit l_t reads X_t), so the loss does not depend on it at all, while it does on byte 1's.
+    g = torch.autograd.grad(terms["loss/policy"], x)[0]  # (B,T,D)
+    assert out.mask[:, 0].all() and (out.probs[:, 0] == 1).all()
+    assert g[:, 0].abs().max() == 0 and g[:, 1].abs().max() > 0
 
 
 def test_rate_targeting_alone_drives_mean_p_to_target():

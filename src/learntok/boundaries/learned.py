@@ -157,7 +157,9 @@ class LearnedBoundaries(BoundaryStrategy):
             extra["loss/value"] = cfg.lambda_policy * ((out.value - g) ** 2 * vf).sum() / vf.sum().clamp(min=1)
             g = g - out.value.detach()  # a state-only baseline: unbiased
         # Batch statistics of the *global* batch (all ranks and micro-steps) when a reducer is given.
-        local = BatchStatistics(g_sum=(g * vf).sum(0), g_cnt=vf.sum(0), g2_sum=(g * g * vf).sum(0),
+        # Over the decisions the loss trains (keep): a forced column's return, whose advantage is never used,
+        # must not enter the spread that --normalize-advantage divides by.
+        local = BatchStatistics(g_sum=(g * kf).sum(0), g_cnt=kf.sum(0), g2_sum=(g * g * kf).sum(0),
                                 p_sum=(out.probs.detach() * kf).sum(), n=kf.sum())
         stats = reduce(local) if reduce is not None else local
         mean_g = stats.g_sum / stats.g_cnt.clamp(min=1)  # (T,)
