@@ -96,3 +96,43 @@ def test_registered_under_learntok():
     from lm_eval.api.registry import get_model
 
     assert get_model("learntok") is LearntokLM
+
+
+def test_installed_entry_point_names_the_adapter():
+    """lm-eval releases that discover model plugins find `--model learntok` through this entry point."""
+    from importlib.metadata import entry_points
+
+    (ep,) = [e for e in entry_points(group="lm_eval.models") if e.name == "learntok"]
+    assert ep.load() is LearntokLM
+
+
+def test_lm_eval_command_line_runs_model_learntok(tmp_path):
+    """`python -m learntok.evaluation.harness --model learntok ...` is lm_eval's own CLI with the model registered
+    (and lm_eval's default device cuda:0 falls back to the CPU)."""
+    import os
+    import subprocess
+    import sys
+
+    from learntok.train import train
+
+    from .conftest import tiny_train_config
+
+    for split in ("train", "valid"):
+        (tmp_path / "c" / split).mkdir(parents=True)
+        (tmp_path / "c" / split / "a.txt").write_text("def f(x):\n    return x + 1\n" * 200)
+    train(tiny_train_config(tmp_path / "run", tmp_path / "c", max_steps=1), log=lambda *_: None)
+    rows = [{"query": "Question: 1+1?\nAnswer:", "choices": ["2", "3"], "gold": 0},
+            {"query": "Question: 2+2?\nAnswer:", "choices": ["5", "4"], "gold": 1}]
+    (tmp_path / "tiny.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "tiny.yaml").write_text(
+        f"task: learntok_cli\ndataset_path: json\ndataset_kwargs:\n  cache_dir: {tmp_path / 'hf'}\n"
+        f"  data_files:\n    test: {tmp_path / 'tiny.jsonl'}\ntest_split: test\noutput_type: multiple_choice\n"
+        "doc_to_text: '{{query}}'\ndoc_to_choice: '{{choices}}'\ndoc_to_target: '{{gold}}'\n"
+        "metric_list:\n  - metric: acc\n")
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+    res = subprocess.run([sys.executable, "-m", "learntok.evaluation.harness", "--model", "learntok", "--model_args",
+                          f"pretrained={tmp_path / 'run'}", "--tasks", "learntok_cli", "--include_path",
+                          str(tmp_path / "tasks")], capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "learntok_cli" in res.stdout and "acc" in res.stdout

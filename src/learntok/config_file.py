@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from learntok.boundaries import config_class
-from learntok.config import CONFIG_VERSION, DataConfig, ModelConfig, OptimConfig, TrainConfig, to_dict
+from learntok.config import CONFIG_VERSION, DataConfig, ModelConfig, OptimConfig, TrainConfig, to_dict, upgrade
 
 SECTIONS = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig}
 RUN_CONTROL = ("resume", "overwrite")
@@ -30,30 +30,30 @@ RUN_CONTROL = ("resume", "overwrite")
 
 
 def _read(path: Path) -> dict:
-    text = path.read_text(encoding="utf-8")
     suffix = path.suffix.lower()
-    try:
-        if suffix in (".yaml", ".yml"):
-            try:
-                import yaml
-            except ImportError as e:
-                raise ValueError(f"{path}: reading YAML needs PyYAML: pip install 'learntok[yaml]' (or use a "
-                                 ".toml file)") from e
-            data = yaml.safe_load(text)
-        elif suffix == ".toml":
-            if sys.version_info >= (3, 11):
-                import tomllib
-            else:
-                import tomli as tomllib
-            data = tomllib.loads(text)
-        elif suffix == ".json":
-            data = json.loads(text)
+    if suffix in (".yaml", ".yml"):
+        try:
+            import yaml
+        except ImportError as e:
+            raise ValueError(f"{path}: reading YAML needs PyYAML: pip install 'learntok[yaml]' (or use a .toml "
+                             "file)") from e
+        parse = yaml.safe_load
+    elif suffix == ".toml":
+        if sys.version_info >= (3, 11):
+            import tomllib
         else:
-            raise ValueError(f"{path}: unknown config file type {suffix!r} (use .yaml, .yml, .toml or .json)")
-    except ValueError:
-        raise
-    except Exception as e:  # yaml.YAMLError, tomllib.TOMLDecodeError (a ValueError), ...
+            import tomli as tomllib
+        parse = tomllib.loads
+    elif suffix == ".json":
+        parse = json.loads
+    else:
+        raise ValueError(f"{path}: unknown config file type {suffix!r} (use .yaml, .yml, .toml or .json)")
+    try:
+        data = parse(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:  # TOMLDecodeError and JSONDecodeError are ValueErrors
         raise ValueError(f"{path}: not valid {suffix[1:].upper()}: {str(e).splitlines()[0]}") from e
+    except Exception as e:  # yaml.YAMLError
+        raise ValueError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from e
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -139,10 +139,12 @@ def apply_file(base: TrainConfig, path: str | Path) -> TrainConfig:
         raise FileNotFoundError(f"--config {path}: no such file")
     raw = {k.replace("-", "_"): v for k, v in _read(path).items()}
     raw.pop("run_info", None)
-    version = raw.pop("config_version", CONFIG_VERSION)
+    version = raw.pop("config_version", CONFIG_VERSION)  # a file without one is read as the current version
     if version != CONFIG_VERSION:
-        raise ValueError(f"{path}: config_version {version} is not supported here (this learntok writes "
-                         f"{CONFIG_VERSION}; convert a version-1 config.json by resuming its run)")
+        try:
+            raw = upgrade(raw, version)  # e.g. a file written by an older --write-config
+        except ValueError as e:
+            raise ValueError(f"{path}: {e}") from None
     nested = {s: dict(raw.pop(s)) for s in [*SECTIONS, "boundary"] if isinstance(raw.get(s), dict)}
     if isinstance(raw.get("data"), str):  # `data = "PATH"`: the flag's name for the data source
         nested.setdefault("data", {})["source"] = raw.pop("data")
@@ -159,7 +161,7 @@ def apply_file(base: TrainConfig, path: str | Path) -> TrainConfig:
         elif key in owners:
             nested.setdefault(owners[key], {})[key] = value
         else:
-            raise ValueError(f"{path}: unknown setting {key!r}")
+            raise ValueError(f"{path}: {key}: unknown setting")
     d = to_dict(dataclasses.replace(base, boundary=boundary))
     kw: dict[str, Any] = {}
     for section, cls in SECTIONS.items():

@@ -1,18 +1,23 @@
-"""Shareable checkpoints: a directory with config.json + model.safetensors (+ strategy files such as a BPE
-tokenizer), loadable without training code, optimizer state or data.
+"""Shareable models: a directory with config.json + model.safetensors (+ strategy files such as a BPE
+tokenizer, + a model card README.md), loadable without training code, optimizer state or data.
 
-    model = learntok.from_pretrained("out/tiny-export")
+    model = learntok.from_pretrained("out/tiny-export")     # or a run, a checkpoint, or a Hub id "user/name"
     learntok.save_pretrained(model, "out/copy", seq_len=512)
 
-Loading is strict: another format version, a missing or an unknown tensor, or an unknown config key is an
-error naming the problem, never a silent mismatch.
+`load(spec)` is what every command uses: a run directory (its newest intact checkpoint), a checkpoint directory
+run/step_N, an exported directory, or a Hugging Face Hub id (`user/name[@revision]`, downloaded into the Hub's
+cache, or read from it with HF_HUB_OFFLINE=1; learntok.hub). It reads the weights only. Loading is strict:
+another format version, a missing or an unknown tensor, or an unknown config key is an error naming the problem,
+never a silent mismatch.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -20,14 +25,16 @@ from safetensors.torch import load_file, save_model
 
 from learntok import __version__
 from learntok.boundaries import BoundaryConfig
-from learntok.config import CONFIG_VERSION, ModelConfig, boundary_from_dict, build, upgrade_v1
+from learntok.config import CONFIG_VERSION, ModelConfig, boundary_from_dict, build, upgrade
 
 FORMAT = "learntok-pretrained"
 FORMAT_VERSION = 1
 
 
-def save_pretrained(model, out_dir: str | Path, *, seq_len: int, source_dir: str | Path | None = None) -> Path:
-    """Write config.json + model.safetensors (+ the strategy's files from `source_dir`, the run directory)."""
+def save_pretrained(model, out_dir: str | Path, *, seq_len: int, source_dir: str | Path | None = None,
+                    card: bool = True) -> Path:
+    """Write config.json + model.safetensors (+ the strategy's files from `source_dir`, the run directory, and
+    with `card` a model card README.md from what the run recorded; learntok.hub.write_model_card)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cfg = {"format": FORMAT, "format_version": FORMAT_VERSION, "config_version": CONFIG_VERSION,
@@ -43,6 +50,10 @@ def save_pretrained(model, out_dir: str | Path, *, seq_len: int, source_dir: str
         elif src.exists():
             shutil.copy2(src, out / name)
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    if card:
+        from learntok.hub import write_model_card
+
+        write_model_card(out, model, seq_len, run_dir=source_dir)
     return out
 
 
@@ -53,30 +64,88 @@ def read_config(path: Path) -> tuple[ModelConfig, BoundaryConfig, int]:
     d = json.loads(cfg_path.read_text())
     if d.get("format") != FORMAT:
         raise ValueError(f"{cfg_path}: not a learntok pretrained config (export a run with `learntok export`)")
-    if d.get("format_version") != FORMAT_VERSION or d.get("config_version") not in (1, CONFIG_VERSION):
-        raise ValueError(f"{cfg_path}: format {d.get('format_version')} / config {d.get('config_version')} is not "
-                         f"supported (this learntok reads {FORMAT_VERSION} / 1 and {CONFIG_VERSION})")
-    sections = {"model": d["model"], "boundary": d["boundary"]}
-    if d["config_version"] == 1:
-        sections = upgrade_v1(sections)
+    if d.get("format_version") != FORMAT_VERSION:
+        raise ValueError(f"{cfg_path}: format {d.get('format_version')} is not supported (this learntok reads "
+                         f"{FORMAT_VERSION})")
+    try:
+        sections = upgrade({"model": d["model"], "boundary": d["boundary"]}, d.get("config_version"))
+    except ValueError as e:
+        raise ValueError(f"{cfg_path}: {e}") from None
     return (build(ModelConfig, sections["model"], f"{cfg_path}: model"),
             boundary_from_dict(sections["boundary"], f"{cfg_path}: boundary"), int(d["seq_len"]))
 
 
-def from_pretrained(path: str | Path, device: str | torch.device = "cpu"):
-    """A ByteLM in eval mode from a `save_pretrained` directory (or a training run directory)."""
+@dataclass
+class Loaded:
+    """A model and where it came from."""
+
+    model: object
+    """The ByteLM, in eval mode."""
+    seq_len: int
+    """The sequence length it was trained on."""
+    path: Path
+    """The local directory it was read from (for a Hub id: its snapshot in the cache)."""
+    cfg: object | None = None
+    """The run's TrainConfig (a run or checkpoint directory), or None (an exported model)."""
+    run_dir: Path | None = None
+    checkpoint: Path | None = None
+    hub_id: str | None = None
+
+
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?$")
+
+
+def is_pretrained_dir(path: Path) -> bool:
+    """Whether `path` holds an exported model (a config.json of this format)."""
+    try:
+        return json.loads((path / "config.json").read_text()).get("format") == FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def resolve(spec: str | Path) -> tuple[Path, str | None]:
+    """(a local directory, the Hub id it came from or None): `spec` itself if it exists, else a Hub id's
+    snapshot."""
+    path = Path(spec)
+    if path.exists():
+        if not path.is_dir():
+            raise NotADirectoryError(f"{spec}: not a directory (give a run, checkpoint or model directory)")
+        return path, None
+    text = str(spec)
+    if HUB_ID.match(text) and not text.startswith("."):
+        from learntok.hub import download
+
+        repo, _, revision = text.partition("@")
+        return download(repo, revision or None), text
+    raise FileNotFoundError(f"{spec}: no such directory (nor a Hugging Face Hub id user/name)")
+
+
+def load(spec: str | Path, device: str | torch.device = "cpu") -> Loaded:
+    """A model from a run directory, a checkpoint directory, an exported directory or a Hub id (weights only)."""
+    path, hub_id = resolve(spec)
+    if is_pretrained_dir(path):
+        model = _load_exported(path)
+        return Loaded(model.to(device).eval(), model.seq_len, path, hub_id=hub_id)
+    from learntok.checkpoint import checkpoint_and_run, load_run
+
+    ckpt, run_dir = checkpoint_and_run(path)
+    cfg, model = load_run(ckpt, device)
+    return Loaded(model, cfg.data.seq_len, path, cfg=cfg, run_dir=run_dir, checkpoint=ckpt, hub_id=hub_id)
+
+
+def _load_exported(path: Path):
     from learntok.model.lm import ByteLM
 
-    path = Path(path)
-    if (path / "latest").exists() and not (path / "model.safetensors").exists():
-        from learntok.checkpoint import load_run
-
-        return load_run(path, device)[1]
     mcfg, bcfg, seq_len = read_config(path)
     model = ByteLM(mcfg, bcfg)
     model.seq_len = seq_len
     model.boundary.prepare([], [], path)
-    tensors = load_file(str(path / "model.safetensors"))
+    try:
+        tensors = load_file(str(path / "model.safetensors"))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: no model.safetensors") from None
+    except Exception as e:  # SafetensorError on a truncated or damaged file
+        raise ValueError(f"{path}/model.safetensors cannot be read: {str(e).splitlines()[0]}") from e
     expected = model.state_dict()
     missing = sorted(set(expected) - set(tensors))
     unknown = sorted(set(tensors) - set(expected))
@@ -87,12 +156,18 @@ def from_pretrained(path: str | Path, device: str | torch.device = "cpu"):
     if bad:
         raise ValueError(f"{path}/model.safetensors: shape mismatch for {bad[:5]}")
     model.load_state_dict(tensors)
-    return model.to(device).eval()
+    return model
+
+
+def from_pretrained(path: str | Path, device: str | torch.device = "cpu"):
+    """A ByteLM in eval mode from a `save_pretrained` directory, a training run or checkpoint directory, or a
+    Hugging Face Hub id (weights only)."""
+    return load(path, device).model
 
 
 def export_run(run_dir: str | Path, out_dir: str | Path) -> Path:
-    """Convert a training run's latest checkpoint into a `save_pretrained` directory."""
-    from learntok.checkpoint import load_run
-
-    cfg, model = load_run(run_dir)
-    return save_pretrained(model, out_dir, seq_len=cfg.data.seq_len, source_dir=run_dir)
+    """Convert a training run's newest intact checkpoint (or any model `load` reads) into a `save_pretrained`
+    directory with a model card."""
+    loaded = load(run_dir)
+    return save_pretrained(loaded.model, out_dir, seq_len=loaded.seq_len,
+                           source_dir=loaded.run_dir or loaded.path)

@@ -37,7 +37,9 @@ commands:
   plot      training curves of runs (validation BPB vs FLOPs and bytes, rates, losses, throughput)
   report    one self-contained HTML page per run
   prepare   convert a data source into memory-mapped byte shards (for corpora larger than memory)
-  export    turn a run into a shareable model directory (config.json + model.safetensors)
+  export    turn a run into a shareable model directory (config.json + model.safetensors + model card)
+  push      upload a model to the Hugging Face Hub (then: learntok.from_pretrained("user/name"))
+  eval-data fetch the evaluation tasks (PIQA, HellaSwag, ARC-Easy, LAMBADA) into a local cache
   train-entropy-model   train the small byte LM of the `entropy` (BLT) boundary strategy
 
 examples:
@@ -45,12 +47,14 @@ examples:
   learntok train --out runs/t --max-steps 200 --boundaries uniform
   learntok train --boundaries learned --help       # every option of the learned strategy
   learntok train --resume runs/t --max-steps 400   # continue (and extend) a run
+  learntok train --config run.yaml --lr 1e-3       # a run config file, flags override (--write-config FILE)
 """
 
 COMMANDS = {
     "train": "learntok.cli.train:cmd_train", "train-entropy-model": "learntok.cli.train:cmd_train_entropy_model",
     "export": "learntok.cli.train:cmd_export", "prepare": "learntok.cli.data:cmd_prepare",
     "eval": "learntok.cli.evaluate:cmd_eval", "compare": "learntok.cli.evaluate:cmd_compare",
+    "eval-data": "learntok.cli.evaluate:cmd_eval_data", "push": "learntok.cli.train:cmd_push",
     "generate": "learntok.cli.use:cmd_generate", "segment": "learntok.cli.use:cmd_segment",
     "vocab": "learntok.cli.use:cmd_vocab",
     "show": "learntok.cli.viz:cmd_show", "plot": "learntok.cli.viz:cmd_plot", "report": "learntok.cli.viz:cmd_report",

@@ -24,7 +24,8 @@ examples:
 @dataclass(frozen=True, kw_only=True)
 class EvalArgs:
     checkpoint: Annotated[str, tyro.conf.Positional]
-    """Run directory (its latest checkpoint) or a checkpoint directory run/step_N."""
+    """Run directory (its newest intact checkpoint), checkpoint directory run/step_N, exported model directory or
+    Hugging Face Hub id user/name (those two need --data for held-out BPB)."""
     data: str | None = None
     """Held-out text instead of the run's split: any data spec `learntok train` accepts (all its documents)."""
     split: Literal["val", "test"] = "val"
@@ -72,10 +73,11 @@ def cmd_eval(argv: list[str]) -> int:
     a = parse(EvalArgs, argv, "learntok eval", EVAL_DESCRIPTION)
     import torch
 
-    from learntok.checkpoint import latest_checkpoint, load_run
+    from learntok.config import DataConfig, TrainConfig
     from learntok.device import resolve_device
     from learntok.evaluation.bpb import BoundaryMode
     from learntok.evaluation.report import EvalConfig, evaluate_model, format_report, write_eval
+    from learntok.pretrained import load
 
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -83,17 +85,21 @@ def cmd_eval(argv: list[str]) -> int:
     opts = EvalConfig(data=a.data, split=a.split, tasks=a.tasks, task_dir=a.task_dir, limit=a.limit, mode=mode,
                       batch_size=a.batch_size, max_bytes=a.max_bytes, bpe_tokenizer=a.bpe_tokenizer,
                       heldout=a.heldout, progress=a.progress)
-    path = Path(a.checkpoint)
-    cfg, model = load_run(path, resolve_device(a.device))
-    run_dir = path.parent if (path / "model.safetensors").exists() else path
-    ckpt = path if run_dir != path else latest_checkpoint(run_dir)
-    print(f"learntok eval {path}: checkpoint {ckpt}", file=sys.stderr)
+    loaded = load(a.checkpoint, resolve_device(a.device))
+    if loaded.cfg is None and a.heldout and a.data is None:
+        raise UsageError(f"{a.checkpoint} is an exported model, not a training run, so it has no held-out split: "
+                         "give --data PATH (any data spec learntok train accepts) or --no-heldout")
+    model, ckpt, run_dir = loaded.model, loaded.checkpoint, loaded.run_dir
+    cfg = loaded.cfg or TrainConfig(model=model.cfg, boundary=model.bcfg, data=DataConfig(seq_len=loaded.seq_len))
+    where = ckpt or loaded.hub_id or loaded.path
+    print(f"learntok eval {a.checkpoint}: {where}", file=sys.stderr)
     report = evaluate_model(cfg, model, opts, log=lambda s: print(s, file=sys.stderr))
-    report["checkpoint"] = str(ckpt)
-    report["run"] = str(run_dir)
-    out = write_eval(Path(a.out) if a.out else run_dir / "eval.json", report)
-    print(format_report(report, title=f"\n{run_dir} ({ckpt.name if ckpt else '?'}, boundaries "
-                                       f"{cfg.boundary.boundaries})"))
+    report["checkpoint"] = str(where)
+    report["run"] = str(run_dir or loaded.hub_id or loaded.path)
+    default_dir = run_dir or (Path(".") if loaded.hub_id else loaded.path)
+    out = write_eval(Path(a.out) if a.out else default_dir / "eval.json", report)
+    print(format_report(report, title=f"\n{run_dir or loaded.hub_id or loaded.path} ({ckpt.name if ckpt else 'model'}, "
+                                       f"boundaries {cfg.boundary.boundaries})"))
     print(f"written: {out}")
     return 0
 
@@ -119,4 +125,42 @@ def cmd_compare(argv: list[str]) -> int:
     md, paths = compare(list(a.runs), a.out)
     print(md)
     print("written: " + ", ".join(str(x) for x in paths))
+    return 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalDataArgs:
+    """Get the evaluation data `learntok eval` reads: fetch downloads PIQA, HellaSwag, ARC-Easy and LAMBADA from
+    the Hugging Face Hub with `datasets` (pip install 'learntok[hf]') and converts them to its task files, with
+    checksums (checksums.json); verify re-checks the files against them.
+
+    examples:
+      learntok eval-data fetch                      # all four, into ~/.cache/learntok/eval ($LEARNTOK_EVAL_DIR)
+      learntok eval-data fetch --tasks piqa,lambada --dir data/eval
+      learntok eval-data verify"""
+
+    action: Annotated[Literal["fetch", "verify"], tyro.conf.Positional]
+    """fetch or verify."""
+    tasks: str = "piqa,hellaswag,arc_easy,lambada"
+    """Comma-separated tasks to fetch."""
+    dir: str | None = None
+    """Directory of the task files (default: $LEARNTOK_EVAL_DIR, else ~/.cache/learntok/eval); learntok eval reads
+    it by default."""
+
+
+def cmd_eval_data(argv: list[str]) -> int:
+    from learntok.evaluation import fetch
+
+    a = parse(EvalDataArgs, argv, "learntok eval-data", EvalDataArgs.__doc__ or "")
+    out = Path(a.dir) if a.dir else fetch.eval_cache_dir()
+    if a.action == "verify":
+        problems = fetch.verify(out)
+        if problems:
+            raise ValueError("; ".join(problems))
+        print(f"{out}: every task file matches {fetch.CHECKSUMS}")
+        return 0
+    tasks = [t.strip() for t in a.tasks.split(",") if t.strip()]
+    fetch.fetch(tasks, out, log=lambda s: print(s, file=sys.stderr))
+    hint = "" if a.dir is None else f" --task-dir {out}"
+    print(f"wrote {len(tasks)} task file(s) to {out}; evaluate with: learntok eval RUN_DIR{hint}")
     return 0

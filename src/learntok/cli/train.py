@@ -1,4 +1,4 @@
-"""`learntok train`, `learntok train-entropy-model` and `learntok export`.
+"""`learntok train`, `learntok train-entropy-model`, `learntok export` and `learntok push`.
 
 `learntok train` starts from a preset (`--preset`, default tiny) or a run to continue (`--resume DIR`), switches
 to another boundary strategy with `--boundaries NAME` (options both strategies have, such as the target rate
@@ -202,9 +202,10 @@ class ExportArgs:
     strategy's files such as a BPE tokenizer), loadable with learntok.from_pretrained."""
 
     run_dir: Annotated[str, tyro.conf.Positional]
-    """The run directory (its latest checkpoint) or a checkpoint directory run/step_N."""
+    """The run directory (its newest intact checkpoint), a checkpoint directory run/step_N, an exported model
+    directory or a Hugging Face Hub id."""
     out_dir: Annotated[str, tyro.conf.Positional]
-    """Where to write the model directory."""
+    """Where to write the model directory (with a model card, README.md)."""
 
 
 def cmd_export(argv: list[str]) -> int:
@@ -212,4 +213,36 @@ def cmd_export(argv: list[str]) -> int:
 
     a = parse(ExportArgs, argv, "learntok export", ExportArgs.__doc__ or "")
     print(f"wrote {export_run(a.run_dir, a.out_dir)}")
+    return 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class PushArgs:
+    """Upload a model to the Hugging Face Hub (config.json, model.safetensors, the strategy's files and a generated
+    model card), creating the repository if needed; load it anywhere with learntok.from_pretrained("USER/NAME").
+    Needs pip install 'learntok[hub]' and a token (huggingface-cli login, or HF_TOKEN)."""
+
+    source: Annotated[str, tyro.conf.Positional]
+    """Run directory, checkpoint directory run/step_N or exported model directory."""
+    repo_id: Annotated[str, tyro.conf.Positional]
+    """Hub repository, USER/NAME."""
+    private: bool = False
+    """Create the repository as private."""
+    message: str | None = None
+    """Commit message."""
+    revision: str | None = None
+    """Branch to push to (default: main)."""
+
+
+def cmd_push(argv: list[str]) -> int:
+    from learntok.hub import push_to_hub
+    from learntok.pretrained import HUB_ID
+
+    a = parse(PushArgs, argv, "learntok push", PushArgs.__doc__ or "")
+    if not HUB_ID.match(a.repo_id) or "@" in a.repo_id:
+        raise UsageError(f"{a.repo_id!r} is not a Hub repository id (USER/NAME)")
+    if not Path(a.source).exists():
+        raise FileNotFoundError(f"{a.source}: no such directory")
+    url = push_to_hub(a.source, a.repo_id, private=a.private, commit_message=a.message, revision=a.revision)
+    print(f"pushed to {a.repo_id}: {url}")
     return 0

@@ -36,7 +36,7 @@ class GenerateArgs:
     """Continue prompts, streaming bytes as they are produced (cached at the byte and token levels)."""
 
     checkpoint: Annotated[str, tyro.conf.Positional]
-    """Run directory or exported model directory."""
+    """Run, checkpoint or exported model directory, or Hugging Face Hub id user/name."""
     prompt: Annotated[tuple[str, ...], tyro.conf.UseAppendAction]
     """A prompt; repeat the flag for a batch (then each output is printed as a JSON line)."""
     max_new_bytes: int = 200
@@ -90,7 +90,7 @@ class SegmentArgs:
     """Segment text with a model's learned boundaries (a boundary byte starts a segment)."""
 
     checkpoint: Annotated[str, tyro.conf.Positional]
-    """Run directory or exported model directory."""
+    """Run, checkpoint or exported model directory, or Hugging Face Hub id user/name."""
     text: str | None = None
     """The text to segment (default: standard input)."""
     file: str | None = None
@@ -130,7 +130,7 @@ class VocabArgs:
     words."""
 
     checkpoint: Annotated[str, tyro.conf.Positional]
-    """Run directory or exported model directory."""
+    """Run, checkpoint or exported model directory, or Hugging Face Hub id user/name."""
     data: str
     """Any data spec `learntok train --data` accepts."""
     text_field: str = "text"

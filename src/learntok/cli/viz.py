@@ -31,7 +31,8 @@ examples:
 @dataclass(frozen=True, kw_only=True)
 class ShowArgs:
     checkpoint: Annotated[str, tyro.conf.Positional]
-    """Run directory (its latest checkpoint) or a checkpoint directory run/step_N."""
+    """Run directory (its newest intact checkpoint), checkpoint directory run/step_N, exported model directory, or
+    Hugging Face Hub id user/name."""
     text: str | None = None
     """The text to map (default: a built-in sample of prose, code and multi-byte characters)."""
     file: str | None = None
@@ -66,16 +67,16 @@ def cmd_show(argv: list[str]) -> int:
     data = read_input(a.text, a.file, default=SAMPLE_TEXT.encode("utf-8"))
     if not data:
         raise UsageError("nothing to show: the text is empty")
-    from learntok.checkpoint import load_run
     from learntok.device import resolve_device
+    from learntok.pretrained import load
     from learntok.viz.boundary_map import compute_map
     from learntok.viz.render import ansi_legend, render_ansi, render_html
 
     if a.max_bytes and len(data) > a.max_bytes:
         print(f"note: mapping the first {a.max_bytes} of {len(data)} bytes (--max-bytes)", file=sys.stderr)
         data = data[:a.max_bytes]
-    cfg, model = load_run(a.checkpoint, device=resolve_device(a.device))
-    bmap = compute_map(model, data, window=max(1, cfg.data.seq_len - 1), seed=a.seed, greedy=a.greedy)
+    loaded = load(a.checkpoint, device=resolve_device(a.device))
+    bmap = compute_map(loaded.model, data, window=max(1, loaded.seq_len - 1), seed=a.seed, greedy=a.greedy)
     if not a.quiet:
         color = None if a.color == "auto" else a.color == "always"
         print(render_ansi(bmap, color=color).rstrip("\n"))

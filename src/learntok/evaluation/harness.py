@@ -35,7 +35,8 @@ def text_key(data: bytes) -> int:
 
 @register_model("learntok")
 class LearntokLM(LM):
-    """lm_eval `LM` over a learntok run directory or checkpoint (`pretrained=PATH`), or an in-memory model."""
+    """lm_eval `LM` over a learntok run, checkpoint or exported directory or a Hub id (`pretrained=PATH`), or an
+    in-memory model."""
 
     def __init__(self, pretrained: str | None = None, *, model=None, cfg=None, batch_size: int | str = 16,
                  max_batch_size: int | None = None, device: str | None = "cpu", boundaries_mode: str = "sample",
@@ -46,13 +47,20 @@ class LearntokLM(LM):
         if model is None:
             if pretrained is None:
                 raise ValueError("learntok model: give pretrained=RUN_DIR (or model= and cfg= in Python)")
-            from learntok.checkpoint import load_run
+            import torch
 
-            cfg, model = load_run(pretrained, device or "cpu")
+            from learntok.pretrained import load
+
+            if str(device or "cpu").startswith("cuda") and not torch.cuda.is_available():
+                device = "cpu"  # lm_eval's CLI asks for cuda:0 unless told otherwise
+            loaded = load(pretrained, device or "cpu")
+            model, cfg, window = loaded.model, loaded.cfg, loaded.seq_len
         elif cfg is None:
             raise ValueError("learntok model: an in-memory model= needs its TrainConfig as cfg=")
+        else:
+            window = cfg.data.seq_len
         self.cfg, self.model = cfg, model.eval()
-        self.window = cfg.data.seq_len
+        self.window = window
         self.batch = int(batch_size) if str(batch_size).isdigit() else 16  # "auto" -> 16
         self.mode = BoundaryMode(boundaries_mode, int(samples) if boundaries_mode == "average" else 1, int(seed))
         self.max_gen_toks = int(max_gen_toks)
@@ -106,3 +114,9 @@ class LearntokLM(LM):
             self.cache_hook.add_partial("generate_until", r.args, text)
             out.append(text)
         return out
+
+
+if __name__ == "__main__":  # `python -m learntok.evaluation.harness --model learntok ...`: lm_eval's CLI, registered
+    from lm_eval.__main__ import cli_evaluate
+
+    cli_evaluate()

@@ -63,11 +63,15 @@ class Example:
 
 
 def default_task_dir() -> Path | None:
-    """$LEARNTOK_EVAL_DIR, else shared/data/eval beside the repository (or the working directory's parent)."""
+    """$LEARNTOK_EVAL_DIR, else the cache `learntok eval-data fetch` fills (~/.cache/learntok/eval), else a
+    shared/data/eval directory beside the repository or the working directory (the project's own copy)."""
+    from learntok.evaluation.fetch import eval_cache_dir
+
     env = os.environ.get("LEARNTOK_EVAL_DIR")
-    cands = [Path(env)] if env else []
-    cands += [Path(__file__).resolve().parents[3].parent / "shared" / "data" / "eval",
-              Path.cwd().parent / "shared" / "data" / "eval", Path.cwd() / "shared" / "data" / "eval"]
+    if env:
+        return Path(env)
+    cands = [eval_cache_dir(), Path(__file__).resolve().parents[3].parent / "shared" / "data" / "eval",
+             Path.cwd().parent / "shared" / "data" / "eval", Path.cwd() / "shared" / "data" / "eval"]
     return next((c for c in cands if c.is_dir()), None)
 
 
@@ -90,13 +94,15 @@ def resolve_tasks(spec: str, task_dir: str | Path | None) -> list[tuple[str, Pat
             continue
         root = Path(task_dir) if task_dir is not None else default_task_dir()
         if root is None or not root.is_dir():
-            raise FileNotFoundError(f"no task directory{f' {root}' if root else ''}: give --task-dir DIR "
-                                    f"or --tasks {name}=PATH (set LEARNTOK_EVAL_DIR to change the default)")
+            raise FileNotFoundError(f"no evaluation data{f' in {root}' if root else ''}: run `learntok eval-data "
+                                    f"fetch` (PIQA, HellaSwag, ARC-Easy, LAMBADA into a cache), or give --task-dir "
+                                    f"DIR or --tasks {name}=PATH")
         found = [root / (TASKS[name].filename + c) for c in COMPRESSIONS]
         found = [f for f in found if f.is_file()]
         if not found:
-            raise FileNotFoundError(f"{root}: no {TASKS[name].filename}[.xz|.gz|.zst] for task {name} "
-                                    f"(give --task-dir DIR or --tasks {name}=PATH)")
+            raise FileNotFoundError(f"{root}: no {TASKS[name].filename}[.xz|.gz|.zst] for task {name} (run "
+                                    f"`learntok eval-data fetch --tasks {name}`, or give --task-dir DIR or --tasks "
+                                    f"{name}=PATH)")
         out.append((name, found[0]))
     return out
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import numbers
+import secrets
 import sys
 from collections import defaultdict
 from collections.abc import Callable
@@ -135,7 +136,7 @@ class WandbLogger:
         root = Path(run_dir) / "wandb"
         root.mkdir(parents=True, exist_ok=True)
         id_file = root / "run_id"
-        run_id = id_file.read_text().strip() if id_file.exists() else wandb.util.generate_id()
+        run_id = id_file.read_text().strip() if id_file.exists() else secrets.token_hex(4)
         id_file.write_text(run_id + "\n")
         self.run = wandb.init(project=project, entity=entity or None, name=Path(run_dir).resolve().name,
                               id=run_id, resume="allow", dir=str(run_dir), config=config)

@@ -3,7 +3,7 @@ the clock that measures training time without evaluation and checkpoint pauses."
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import math
 import time
 from collections.abc import Iterator
@@ -35,9 +35,12 @@ def check_config(cfg: TrainConfig) -> None:
     if cfg.log_every < 1 or cfg.max_bad_steps < 1 or cfg.eval_every < 0 or cfg.ckpt_every < 0:
         problems.append(f"log_every and max_bad_steps must be >= 1, eval_every and ckpt_every >= 0 (got "
                         f"{cfg.log_every}, {cfg.max_bad_steps}, {cfg.eval_every}, {cfg.ckpt_every})")
-    for flag, module in (("wandb", "wandb"), ("tensorboard", "tensorboard")):
-        if getattr(cfg, flag) and importlib.util.find_spec(module) is None:
-            problems.append(f"--{flag} needs the {module} package: pip install 'learntok[{flag}]'")
+    for flag in ("wandb", "tensorboard"):
+        if getattr(cfg, flag):
+            try:
+                importlib.import_module(flag)
+            except ImportError:
+                problems.append(f"--{flag} needs the {flag} package: pip install 'learntok[{flag}]'")
     if problems:
         raise ValueError("; ".join(problems))
 
