@@ -30,6 +30,7 @@ commands:
   train     train a model (presets tiny, small, paper-147m, ...; --boundaries NAME picks the strategy)
   eval      evaluate a checkpoint the paper's way (held-out BPB, PIQA, HellaSwag, ARC-Easy, LAMBADA, boundary stats)
   compare   Table 1 / Table 3 of evaluated runs (Markdown + CSV)
+  diagnose  diagnose variance RUN: the policy gradient's variance under the paper's variance reductions
   generate  continue a prompt (batched, cached, streaming)
   segment   segment text with a model's learned boundaries
   vocab     statistics of the learned segments over a corpus
@@ -57,6 +58,7 @@ COMMANDS = {
     "eval-data": "learntok.cli.evaluate:cmd_eval_data", "push": "learntok.cli.train:cmd_push",
     "generate": "learntok.cli.use:cmd_generate", "segment": "learntok.cli.use:cmd_segment",
     "vocab": "learntok.cli.use:cmd_vocab",
+    "diagnose": "learntok.cli.diagnose:cmd_diagnose",
     "show": "learntok.cli.viz:cmd_show", "plot": "learntok.cli.viz:cmd_plot", "report": "learntok.cli.viz:cmd_report",
 }
 """Command -> "module:function" taking the command's argv and returning an exit status."""
@@ -107,7 +109,18 @@ def parse(cls: type[T], argv: Sequence[str], prog: str, description: str, defaul
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    """Run `learntok argv...`; returns the exit status. Output to a reader that has gone (`learntok --help | head`)
+    ends quietly with status 0."""
+    try:
+        code = _main(sys.argv[1:] if argv is None else argv)
+        sys.stdout.flush()  # here, not at interpreter exit, so that a closed pipe is caught below
+        return code
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+def _main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0
@@ -125,9 +138,8 @@ def main(argv: list[str] | None = None) -> int:
             warnings.showwarning = _show_warning
             warnings.simplefilter("always", LearntokWarning)
             return getattr(importlib.import_module(module), func)(argv[1:])
-    except BrokenPipeError:  # e.g. `learntok train --help | head`: the reader has gone, which is fine
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
+    except BrokenPipeError:
+        raise
     except (ValueError, OSError, LearntokError) as e:  # UsageError, DataError, a missing file, a full disk, ...
         print(f"learntok: error: {str(e).strip() or type(e).__name__}", file=sys.stderr)
         return 2
