@@ -1,0 +1,148 @@
+"""How noisy is the policy gradient? The paper's variance reductions measured on a model (`learntok diagnose
+variance`).
+
+On one fixed batch of held-out sequences the boundaries are sampled again and again (the model in training mode,
+as the estimator sees it); each sample gives one estimate of the policy gradient per variant below, from the same
+forward pass, so the variants are compared on the same draws:
+
+    naive        A_t = sum_k log p_k                     whole-sequence log-likelihood as every decision's reward
+    relative     A_t = sum_k r_k                         early-exit relative reward r_k = log p_k - log p_early_k
+    to-go        A_t = sum_{k>=t} r_k                    a decision is credited only with what it can reach
+    gamma=G      A_t = sum_j G^j r_{t+j}                 discounted (biased for G < 1)
+    centred      A_t - mean over the batch's rows        batch-relative advantage (eq. 17), with gamma 1 and with
+                                                         the run's gamma
+    normalised   ... / batch standard deviation          --normalize-advantage
+
+Each estimate is (1/B) sum_{b,t} grad log pi(a_{b,t}) A_{b,t} over the trained decisions. Reported per parameter
+group: the total variance of one batch's estimate (trace of its covariance), the signal-to-noise ratio
+||E g||^2 / E||g - E g||^2, and the cosine of the mean estimate to a reference direction: the batch-centred
+estimator with gamma = 1 averaged over `reference_factor` times as many draws (its expectation is exactly
+(1 - 1/B) times the gradient of E[sum_k r_k], and it is far less noisy than the uncentred ones). naive, relative
+and to-go are unbiased estimates of that gradient; centring scales it by (1 - 1/B); gamma < 1 and normalisation
+change it (tests/test_estimator_exact.py shows each exactly on a small policy).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from learntok.boundaries.reinforce import batch_relative_advantage, discounted_returns
+
+GAMMAS = (0.99, 0.9)
+"""Discounts measured besides the run's own."""
+REFERENCE = "centred, gamma=1"
+"""The estimator whose many-draw mean is the reference direction."""
+
+
+@dataclass
+class VariantStats:
+    name: str
+    group: str
+    variance: float
+    """Trace of the covariance of one batch's estimate."""
+    snr: float
+    """||mean||^2 / variance."""
+    cosine: float
+    """Cosine of the mean estimate to the reference gradient."""
+    scale: float
+    """||mean|| / ||reference||."""
+
+
+def _advantages(name: str, logp: torch.Tensor, early: torch.Tensor, keep: torch.Tensor, gamma: float) -> torch.Tensor:
+    """(B,T) advantages of variant `name` from per-position log-likelihoods (B,T) of both heads."""
+    kf = keep.float()
+    r = (logp - early) * kf
+    if name == "naive":
+        return (logp * kf).sum(1, keepdim=True).expand_as(logp)
+    if name == "relative":
+        return r.sum(1, keepdim=True).expand_as(r)
+    if name == "to-go":
+        return discounted_returns(r, 1.0)
+    if name.startswith("gamma="):
+        return discounted_returns(r, float(name[6:]))
+    g = discounted_returns(r, 1.0 if name == "centred, gamma=1" else gamma)
+    adv = batch_relative_advantage(g, keep)
+    if name == "normalised":
+        adv = adv / (adv[keep].std() + 1e-6)
+    return adv
+
+
+def variant_names(gamma: float) -> list[str]:
+    gammas = sorted({*GAMMAS, gamma} - {1.0}, reverse=True)
+    return ["naive", "relative", "to-go", *(f"gamma={g:g}" for g in gammas), "centred, gamma=1", "centred",
+            "normalised"]
+
+
+def policy_gradient_variance(model, batch: torch.Tensor, *, samples: int = 64, reference_factor: int = 16,
+                             seed: int = 0) -> tuple[list[VariantStats], dict]:
+    """Variance, SNR and cosine to a reference of the policy-gradient estimators on `batch` (B, T+1) (BOS
+    first), for a model whose strategy learns by the score function. Returns (rows, info)."""
+    strategy = model.boundary
+    if strategy.learns_by != "score_function":
+        raise ValueError(f"diagnose variance: the {model.bcfg.boundaries} strategy has no policy gradient")
+    was_training = model.training
+    model.train()
+    gamma = float(model.bcfg.gamma)
+    names = variant_names(gamma)
+    groups = {"policy": [p for p in strategy.parameters() if p.requires_grad]}
+    if not model.bcfg.detach_encoder:
+        groups["encoder"] = [p for n, p in model.named_parameters() if n.startswith(("embed", "down"))]
+    ids, targets = batch[:, :-1], batch[:, 1:]
+    B, T = ids.shape
+    gen = torch.Generator().manual_seed(seed)
+    grads: dict[str, dict[str, list[torch.Tensor]]] = {n: {g: [] for g in groups} for n in names}
+    ref: dict[str, list[torch.Tensor]] = {g: [] for g in groups}
+    params = [p for ps in groups.values() for p in ps]
+    sizes = [len(ps) for ps in groups.values()]
+    try:
+        for k in range(samples * reference_factor):
+            noise = torch.rand(B, T, generator=gen).to(ids.device)
+            out = model(ids, targets, noise=noise)
+            bo = out.boundaries
+            keep = (targets != -100) & bo.free
+            logp, early = -out.nll.detach().float(), -out.nll_early.float()
+            todo = names if k < samples else [REFERENCE]
+            for n in todo:
+                adv = _advantages(n, logp, early, keep, gamma).detach()
+                surrogate = (bo.log_prob * adv * keep.float()).sum() / B
+                g = torch.autograd.grad(surrogate, params, retain_graph=True, allow_unused=True)
+                flat, i = [], 0
+                for size in sizes:
+                    flat.append(torch.cat([(x if x is not None else torch.zeros_like(p)).flatten()
+                                           for x, p in zip(g[i:i + size], params[i:i + size])]))
+                    i += size
+                for gname, vec in zip(groups, flat):
+                    if k < samples:
+                        grads[n][gname].append(vec)
+                    if n == REFERENCE:
+                        ref[gname].append(vec)
+    finally:
+        model.train(was_training)
+    rows = []
+    for gname in groups:
+        reference = torch.stack(ref[gname]).mean(0)
+        for n in names:
+            g = torch.stack(grads[n][gname])  # (samples, P)
+            mean = g.mean(0)
+            var = float(((g - mean) ** 2).sum(1).mean())
+            rows.append(VariantStats(n, gname, var, float(mean.square().sum()) / max(var, 1e-30),
+                                     float(torch.nn.functional.cosine_similarity(mean, reference, dim=0)),
+                                     float(mean.norm() / reference.norm().clamp(min=1e-30))))
+    info = {"batch": B, "seq_len": T, "samples": samples, "reference_samples": samples * reference_factor,
+            "gamma": gamma, "groups": {g: sum(p.numel() for p in ps) for g, ps in groups.items()}}
+    return rows, info
+
+
+def format_table(rows: list[VariantStats], info: dict) -> str:
+    """A Markdown table: variance, reduction against naive, SNR, cosine and scale to the reference."""
+    lines = [f"{info['samples']} boundary draws on one batch of {info['batch']} x {info['seq_len']} bytes; reference: "
+             f"centred, gamma 1, over {info['reference_samples']} draws; run gamma {info['gamma']:g}", "",
+             "| group | estimator | variance | vs naive | SNR | cosine to reference | scale |",
+             "|---|---|---|---|---|---|---|"]
+    naive = {r.group: r.variance for r in rows if r.name == "naive"}
+    for r in rows:
+        lines.append(f"| {r.group} | {r.name} | {r.variance:.4g} | {naive[r.group] / max(r.variance, 1e-30):.1f}x | "
+                     f"{r.snr:.3g} | {r.cosine:.3f} | {r.scale:.3f} |")
+    return "\n".join(lines)
