@@ -30,6 +30,7 @@ commands:
   train     train a model (presets tiny, small, paper-147m, ...; --boundaries NAME picks the strategy)
   eval      evaluate a checkpoint the paper's way (held-out BPB, PIQA, HellaSwag, ARC-Easy, LAMBADA, boundary stats)
   compare   Table 1 / Table 3 of evaluated runs (Markdown + CSV)
+  diagnose  diagnose variance RUN: the policy gradient's variance under the paper's variance reductions
   generate  continue a prompt (batched, cached, streaming)
   segment   segment text with a model's learned boundaries
   vocab     statistics of the learned segments over a corpus
@@ -57,6 +58,7 @@ COMMANDS = {
     "eval-data": "learntok.cli.evaluate:cmd_eval_data", "push": "learntok.cli.train:cmd_push",
     "generate": "learntok.cli.use:cmd_generate", "segment": "learntok.cli.use:cmd_segment",
     "vocab": "learntok.cli.use:cmd_vocab",
+    "diagnose": "learntok.cli.diagnose:cmd_diagnose",
     "show": "learntok.cli.viz:cmd_show", "plot": "learntok.cli.viz:cmd_plot", "report": "learntok.cli.viz:cmd_report",
 }
 """Command -> "module:function" taking the command's argv and returning an exit status."""
