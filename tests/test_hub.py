@@ -71,6 +71,8 @@ def test_push_then_load_by_hub_id_offline(run, fake_hub, capsys):
     (_, repo, kw), (_, repo2, files) = fake_hub
     assert repo == repo2 == "someone/tiny" and kw["private"] is True
     assert {"config.json", "model.safetensors", "README.md"} <= set(files)
+    card = Path(hub.constants.HF_HUB_CACHE) / "models--someone--tiny" / "snapshots" / COMMIT / "README.md"
+    assert 'learntok.from_pretrained("someone/tiny")' in card.read_text()
     ref = learntok.from_pretrained(run_dir)
     torch.testing.assert_close(_logits(learntok.from_pretrained("someone/tiny")), _logits(ref), rtol=0, atol=0)
     # a revision spelled user/name@commit reads the same snapshot

@@ -62,9 +62,11 @@ def push_to_hub(source, repo_id: str, *, private: bool = False, token: str | Non
     with tempfile.TemporaryDirectory(prefix="learntok-push-") as tmp:
         if isinstance(source, (str, Path)):
             loaded = load(source)
-            save_pretrained(loaded.model, tmp, seq_len=loaded.seq_len, source_dir=loaded.run_dir or loaded.path)
+            model, seq_len, run_dir = loaded.model, loaded.seq_len, loaded.run_dir or loaded.path
         else:
-            save_pretrained(source, tmp, seq_len=int(getattr(source, "seq_len", 512)))
+            model, seq_len, run_dir = source, int(getattr(source, "seq_len", 512)), None
+        save_pretrained(model, tmp, seq_len=seq_len, source_dir=run_dir, card=False)
+        write_model_card(Path(tmp), model, seq_len, run_dir, repo_id=repo_id)
         api = hub.HfApi(token=token, library_name="learntok", library_version=__version__)
         try:
             api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
@@ -107,7 +109,8 @@ def _run_facts(run_dir: Path | None) -> dict:
     return facts
 
 
-def model_card(model, seq_len: int, run_dir: str | Path | None = None, image: str | None = None) -> str:
+def model_card(model, seq_len: int, run_dir: str | Path | None = None, image: str | None = None,
+               repo_id: str = "USER/NAME") -> str:
     """The README.md of a shared model: Hub metadata, usage, config, data, results, boundary statistics and map."""
     from learntok.segment import Segmenter
 
@@ -121,9 +124,9 @@ def model_card(model, seq_len: int, run_dir: str | Path | None = None, image: st
              "A byte-level language model whose tokenization is part of the model: an autoregressive U-Net (byte "
              "encoder, token boundaries, token-level transformer, byte decoder) trained with "
              f"[learntok](https://pypi.org/project/learntok/) {__version__} (arXiv 2602.13940).", "",
-             "## Use", "", "```python", "import learntok", "", 'model = learntok.from_pretrained("USER/NAME")',
+             "## Use", "", "```python", "import learntok", "", f'model = learntok.from_pretrained("{repo_id}")',
              'print(learntok.generate(model, ["The river"], max_new_bytes=80)[0].decode(errors="replace"))', "```",
-             "", "or `learntok generate USER/NAME --prompt \"The river\"`, `learntok segment USER/NAME --text ...`.",
+             "", f"or `learntok generate {repo_id} --prompt \"The river\"`, `learntok segment {repo_id} --text ...`.",
              "", "## Model", "", "| setting | value |", "|---|---|",
              f"| parameters | {params / 1e6:.2f} M |", f"| width, heads | {mc.d_model}, {mc.n_heads} |",
              f"| layers (byte encoder / token / byte decoder) | {mc.n_down} / {mc.n_mid} / {mc.n_up} |",
@@ -161,7 +164,8 @@ def model_card(model, seq_len: int, run_dir: str | Path | None = None, image: st
     return "\n".join(lines) + "\n"
 
 
-def write_model_card(out: Path, model, seq_len: int, run_dir: str | Path | None = None) -> Path:
+def write_model_card(out: Path, model, seq_len: int, run_dir: str | Path | None = None,
+                     repo_id: str = "USER/NAME") -> Path:
     """README.md (and boundary_map.png when matplotlib is installed) in model directory `out`."""
     image = None
     try:
@@ -173,5 +177,5 @@ def write_model_card(out: Path, model, seq_len: int, run_dir: str | Path | None 
     except ImportError:
         pass
     path = out / "README.md"
-    path.write_text(model_card(model, seq_len, run_dir, image), encoding="utf-8")
+    path.write_text(model_card(model, seq_len, run_dir, image, repo_id), encoding="utf-8")
     return path
