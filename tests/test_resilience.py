@@ -312,3 +312,36 @@ def test_save_checkpoint_error_type(tmp_path, monkeypatch):
     with pytest.raises(CheckpointError, match="no earlier checkpoint"):
         ck.save_checkpoint(tmp_path, 1, {"w": torch.zeros(3)}, {})
     assert list(tmp_path.iterdir()) == []
+
+
+def _signalled_worker(rank: int, world: int, port: int, cfg, at: int) -> None:
+    """A torchrun-like process; rank 1 alone receives SIGTERM while drawing batch at + 1."""
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    if rank == 1:
+        real, calls = loop.BatchIterator.next_with_flags, {"n": 0}
+
+        def next_with_flags(self):
+            calls["n"] += 1
+            if calls["n"] == at + 1:
+                os.kill(os.getpid(), signal.SIGTERM)
+            return real(self)
+
+        loop.BatchIterator.next_with_flags = next_with_flags
+    try:
+        train(cfg, log=lambda *_: None)
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+def test_sigterm_to_one_rank_stops_all_ranks_at_the_same_step(tmp_path, text_corpus):
+    import torch.multiprocessing as mp
+
+    from .test_distributed import _free_port
+
+    cfg = _constant_lr(tiny_train_config(tmp_path / "part", text_corpus, max_steps=5, batch_size=4))
+    mp.start_processes(_signalled_worker, args=(2, _free_port(), cfg, 2), nprocs=2, join=True, start_method="spawn")
+    assert (tmp_path / "part" / "latest").read_text().strip() == "step_000003"  # both ranks stopped after step 3
+    assert [r["step"] for r in _rows(tmp_path / "part")] == [1, 2, 3]  # rank 0 stopped too; no final evaluation
