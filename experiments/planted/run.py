@@ -140,7 +140,8 @@ def cmd_run(args) -> None:
             results["arms"].append(res)
             path.write_text(json.dumps(results, indent=1))
             print(f"{name} seed {seed}: test BPB {res['test']['bpb']:.4f} (floor {info['entropy_rate']:.4f}), "
-                  f"F1 {res['test']['f1']:.3f}, rate {res['test']['rate']:.3f}, {res['bytes'] / 1e6:.2f} MB", flush=True)
+                  f"F1 {res['test']['f1']:.3f}, rate {res['test']['rate']:.3f}, {res['bytes'] / 1e6:.2f} MB",
+                  flush=True)
     (out / "results.md").write_text(table(results) + "\n")
     print(table(results))
 
