@@ -48,8 +48,8 @@ class LearnedConfig(SampledConfig):
     logit_scale: float = 16.0
     """D in l_scaled = l_raw / D + logit(pi_target)."""
     policy_norm: bool = False
-    """RMSNorm the encoder state before the policy projection (not in eq. 21: it rescales l_raw, by about 1.6x
-    (`small`) to 3x (`paper-147m`) at initialisation, so it interacts with D)."""
+    """RMSNorm the encoder state before the policy projection (not in eq. 21). At initialisation the state's RMS
+    is 1.65 (`small`) to 3.0 (`paper-147m`), so the norm divides l_raw by that much: it interacts with D."""
     logit_softcap: float = 6.0
     """Soft-cap of the boundary logits in training (c*tanh(l/c)); 0 disables it. None at evaluation."""
     gamma: float = 0.99
