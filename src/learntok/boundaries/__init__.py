@@ -21,6 +21,7 @@ REGISTRY: dict[str, str] = {
     "dynamic": "learntok.boundaries.dynamic:DynamicPooling",
     "hnet": "learntok.boundaries.hnet:HNetChunking",
     "entropy": "learntok.boundaries.entropy:EntropyBoundaries",
+    "flat": "learntok.boundaries.flat:FlatBoundaries",
 }
 
 

@@ -31,8 +31,8 @@ class BoundaryConfig:
     """Options every boundary strategy has."""
 
     boundaries: str = ""
-    """Boundary strategy (learned, uniform, uniform-random, whitespace, bpe, dynamic, hnet, entropy); `learntok
-    train --boundaries NAME --help` lists its options."""
+    """Boundary strategy (learned, uniform, uniform-random, whitespace, bpe, dynamic, hnet, entropy, flat);
+    `learntok train --boundaries NAME --help` lists its options."""
     pooling: Literal["auto", "select", "mean"] = "auto"
     """Down/upsampling. auto: the strategy's own (select + distribute-add for learned, uniform, whitespace, bpe,
     entropy; mean pooling for dynamic; EMA dechunking for hnet), as the paper does; select: select +
@@ -241,3 +241,8 @@ class BoundaryStrategy(nn.Module):
                           state: StepState) -> torch.Tensor:
         """What later bytes add back (distribute-add: the newest token's output y_t where a_t)."""
         return torch.where(a_t[:, None], y_t, last)
+
+    def step_upsample(self, x_t: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+        """The decoder's input for this byte from its encoder state and `step_token_output`'s value (B,D):
+        distribute-add, as `upsample`."""
+        return x_t + last

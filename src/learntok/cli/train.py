@@ -24,7 +24,7 @@ TRAIN_DESCRIPTION = """Train a byte-level U-Net whose tokenization is learned en
 
 Starts from --preset NAME (tiny, small, paper-147m, paper-90m-code, paper-aspect-N; default tiny) or from the run
 in --resume DIR; every other flag overrides one setting. --boundaries NAME picks the boundary strategy (learned,
-uniform, uniform-random, whitespace, bpe, dynamic, hnet, entropy); the options listed below under "boundary" are
+uniform, uniform-random, whitespace, bpe, dynamic, hnet, entropy, flat); the options listed below under "boundary" are
 those of the strategy in effect: `learntok train --boundaries NAME --help` lists another's.
 
 --config FILE (.yaml, .toml or .json) applies a run config file on top of the preset before the flags;

@@ -228,7 +228,7 @@ class ByteLM(nn.Module):
             # count does not advance, so that slot stays outside their mask.
             state.last_tok = self.boundary.step_token_output(y[:, 0], a_t, p_t, state.last_tok, state.boundary)
             state.count = state.count + a_t.long()
-        h = x + state.last_tok[:, None]  # distribute-add
+        h = self.boundary.step_upsample(x[:, 0], state.last_tok)[:, None]  # (B,1,D) distribute-add, or a strategy's
         for blk, cache in zip(self.up, state.up):
             h = blk.step(h, rope, cache, slot, window)
         state.pos += 1
