@@ -85,16 +85,30 @@ class PlantedLanguage:
         words = n_bytes / (self.mu @ self.lengths)
         return float((words * h_next + n_docs * (h_mu - h_next)) / n_bytes)
 
-    def document(self, n_words: int, rng: np.random.Generator) -> bytes:
-        """n_words words from the chain, the first drawn from mu."""
+    def word_chain(self, n_words: int, rng: np.random.Generator) -> list[int]:
+        """n_words word indices from the chain, the first drawn from mu."""
         w = int(rng.choice(len(self.words), p=self.mu))
-        ranks = rng.choice(len(self.next_probs), size=n_words, p=self.next_probs)  # each step's successor rank
-        sep = b" " if self.spec.separator else b""
-        out = []
+        ranks = rng.choice(len(self.next_probs), size=n_words - 1, p=self.next_probs)  # each step's successor rank
+        out = [w]
         for r in ranks.tolist():
-            out.append(self.words[w] + sep)
             w = int(self.next_words[w, r])
-        return b"".join(out)
+            out.append(w)
+        return out
+
+    def render(self, chain: list[int]) -> bytes:
+        sep = b" " if self.spec.separator else b""
+        return b"".join(self.words[w] + sep for w in chain)
+
+    def bits(self, chain: list[int]) -> float:
+        """-log2 of the chain's probability: what the true model pays for its text."""
+        total = -np.log2(self.mu[chain[0]])
+        for a, b in zip(chain, chain[1:]):
+            total -= np.log2(self.next_probs[list(self.next_words[a]).index(b)])
+        return float(total)
+
+    def document(self, n_words: int, rng: np.random.Generator) -> bytes:
+        """The text of n_words words from the chain."""
+        return self.render(self.word_chain(n_words, rng))
 
     def boundaries(self, text: bytes) -> np.ndarray:
         """Planted flags of `text` (bool, len(text)): True at the last byte of each word (its space with
