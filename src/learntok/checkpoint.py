@@ -238,11 +238,11 @@ def load_run(path: str | Path, device: str | torch.device = "cpu"):
     directory `run/step_NNNNNN`: weights only, no optimizer state. The strategy is prepared from files saved in
     the run directory (e.g. a BPE tokenizer), so no training data is needed."""
     from learntok.config import load_json
-    from learntok.model.lm import ByteLM
+    from learntok.model import build_model
 
     ckpt, run_dir = checkpoint_and_run(Path(path))
     cfg = load_json(str(run_dir / "config.json"))
-    model = ByteLM(cfg.model, cfg.boundary)
+    model = build_model(cfg.model, cfg.boundary)
     model.boundary.prepare([], [], run_dir)
     load_weights(ckpt, model)
     model.seq_len = cfg.data.seq_len  # the context length it was trained on (used to window long texts)

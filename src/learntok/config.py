@@ -64,6 +64,9 @@ class ModelConfig:
     """Weight of the early-exit head's language-modelling loss (eq. 27)."""
     code_loss_weights: bool = False
     """Weight L_auto by (1 - lambda_early) as the authors' code does, instead of by 1 (eq. 27)."""
+    arch: Literal["unet", "token"] = "unet"
+    """unet: the byte-level U-Net; token: a standard BPE-tokenized transformer (n_mid blocks over BPE tokens, no
+    byte layers; needs --boundaries bpe --bpe-vocab-size N), the tokenized baseline."""
     early_loss_to_encoder: Literal["rewards", "always"] = "rewards"
     """Which strategies' encoders the early-exit loss trains: rewards (only those whose estimator uses the
     early-exit head, i.e. learned; for the others it is a detached probe), or always (every strategy: the control

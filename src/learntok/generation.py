@@ -66,6 +66,8 @@ def generate(model, prompts: list[str | bytes], max_new_bytes: int = 200, *, tem
     """Continue each prompt by up to max_new_bytes bytes. Stops a row at EOS or when its output ends with one
     of `stop`. `on_text(row, text)` streams decoded text as it is produced (UTF-8 decoded incrementally, so a
     multi-byte character is emitted whole). Boundary noise is drawn from `seed` (fixed per position)."""
+    if getattr(model, "predicts_tokens", False):
+        raise ValueError("generation is for byte-level models; the BPE baseline (--arch token) predicts tokens")
     model.eval()
     data = [p.encode() if isinstance(p, str) else bytes(p) for p in prompts]
     B, dev = len(data), next(model.parameters()).device

@@ -134,10 +134,10 @@ def load(spec: str | Path, device: str | torch.device = "cpu") -> Loaded:
 
 
 def _load_exported(path: Path):
-    from learntok.model.lm import ByteLM
+    from learntok.model import build_model
 
     mcfg, bcfg, seq_len = read_config(path)
-    model = ByteLM(mcfg, bcfg)
+    model = build_model(mcfg, bcfg)
     model.seq_len = seq_len
     model.boundary.prepare([], [], path)
     try:

@@ -51,7 +51,7 @@ def cmd_diagnose(argv: list[str]) -> int:
     from learntok.checkpoint import load_run
     from learntok.data import ByteSequences, load_split
     from learntok.evaluation.variance import format_table, policy_gradient_variance
-    from learntok.model.lm import ByteLM
+    from learntok.model import build_model
 
     cfg, model = load_run(a.run)
     if model.boundary.learns_by != "score_function":
@@ -59,7 +59,7 @@ def cmd_diagnose(argv: list[str]) -> int:
                          "has no policy gradient")
     if a.init:
         torch.manual_seed(cfg.seed)
-        model = ByteLM(cfg.model, cfg.boundary)
+        model = build_model(cfg.model, cfg.boundary)
     _, docs = load_split(cfg.data, "val")
     seqs = ByteSequences(docs, cfg.data.seq_len, cfg.data.pack, name="validation data")
     if len(seqs) < a.batch_size:

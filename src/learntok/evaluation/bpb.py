@@ -106,7 +106,11 @@ def text_noise(bm: BoundaryMode, key: int, draw: int, n: int) -> np.ndarray:
 @torch.no_grad()
 def forward_nll(model, ids: torch.Tensor, targets: torch.Tensor, noise: torch.Tensor | None,
                 prescribed: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, BoundaryOutput, torch.Tensor]:
-    """(nll (B,T) nats, 0 at IGNORE; argmax (B,T) predicted ids; the boundaries; n_tokens (B,))."""
+    """(nll (B,T) nats, 0 at IGNORE; argmax (B,T) predicted ids; the boundaries; n_tokens (B,)). A model that
+    predicts tokens (the BPE baseline) gives each token's NLL at its last byte and no byte predictions (-1)."""
+    if getattr(model, "predicts_tokens", False):
+        out = model(ids, targets, noise=noise, prescribed=prescribed)
+        return out.nll, torch.full_like(targets, -1), out.boundaries, out.n_tokens
     out = model(ids, noise=noise, prescribed=prescribed)
     logits = out.logits.float()  # (B,T,V)
     nll = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE,

@@ -55,7 +55,8 @@ def inference_flops(model, rate: float) -> dict:
     2 x instead of 6 x: 2 x byte-level matrix params + 2 x token-level matrix params x rate. The early-exit head
     is a training-time term and is left out of inference."""
     pb, pt = model.matrix_params()
-    early = sum(p.numel() for p in model.head_early.parameters() if p.dim() >= 2)
+    head_early = getattr(model, "head_early", None)  # the U-Net's; the BPE baseline has none
+    early = sum(p.numel() for p in head_early.parameters() if p.dim() >= 2) if head_early is not None else 0
     byte = pb - early
     return {"per_byte": 2.0 * byte + 2.0 * pt * rate, "byte_params": byte, "token_params": pt, "rate": rate,
             "train_per_byte": 6.0 * (pb + pt * rate)}
@@ -124,7 +125,8 @@ def evaluate_model(cfg, model, opts: EvalConfig, log: Callable[[str], None] = pr
         report["boundary_stats"] = stats.result()
         report["flops"] = inference_flops(model, report["boundary_stats"]["rate"])
         log(f"held-out BPB {format_metric(res['bpb'], res['bpb_se'], 4)} on {res['bytes']:,} bytes")
-        if bm.mode == "sample" and bm.draws == 1:  # own vs rate-0 vs random boundaries on the same bytes
+        if bm.mode == "sample" and bm.draws == 1 and not getattr(model, "predicts_tokens", False):
+            # own vs rate-0 vs random boundaries on the same bytes (a U-Net's token stack; not the BPE baseline)
             diag_bytes = min(DIAGNOSTIC_BYTES, max_bytes or DIAGNOSTIC_BYTES)
             batches = val_batches_with_flags(seqs, opts.batch_size, diag_bytes)
             report["diagnostics"] = boundary_diagnostics(model, batches, next(model.parameters()).device, bm.seed)

@@ -24,6 +24,7 @@ from learntok.config import TrainConfig, to_dict
 from learntok.data import BatchIterator, ByteSequences, describe, load_splits, val_batches_with_flags
 from learntok.data.stream import StreamBatches, open_stream
 from learntok.errors import TrainingError
+from learntok.model import build_model
 from learntok.model.lm import ByteLM
 from learntok.train.logs import Sinks, StepMetrics
 from learntok.train.parallel import (
@@ -87,7 +88,7 @@ def train(cfg: TrainConfig, *, log=print, on_eval: EvalHook | None = None) -> Ru
     log = log if d.is_main else (lambda *_a, **_k: None)
     out = Path(cfg.resume or cfg.out)
     torch.manual_seed(cfg.seed)
-    model = ByteLM(cfg.model, cfg.boundary).to(d.device)
+    model = build_model(cfg.model, cfg.boundary).to(d.device)
     batches, val_seqs = load_data(cfg, model, out, d, per_rank, log)
     val = val_batches_with_flags(val_seqs, micro, cfg.data.val_bytes)
     ckpt = open_run_dir(out, bool(cfg.resume), cfg.overwrite, d, log)
