@@ -40,7 +40,10 @@ def test_bits_per_byte_are_the_tokens_nll_over_their_bytes(tmp_path):
     out = m(ids, targets, prescribed=flags[:, :-1])
     tokens = int(out.n_tokens[0])
     assert 5 < tokens < 58  # BPE merges some bytes into tokens (a 300-token vocabulary: not many)
-    assert torch.equal(out.boundaries.mask[0].nonzero().flatten(), out.nll[0].nonzero().flatten())  # last bytes
+    tflags, t = flags[0, 1:].tolist(), targets[0].tolist()  # the flags of the target bytes: token starts
+    ends = [e for e in range(len(t)) if e == len(t) - 1 or tflags[e + 1] or EOS in (t[e], t[e + 1])]
+    assert out.nll[0].nonzero().flatten().tolist() == ends  # each token's NLL sits at its last byte
+    assert torch.equal(out.boundaries.mask, flags[:, :-1].bool())  # reported as the U-Net's bpe arm reports them
     with torch.no_grad():  # a model whose every logit is equal pays log2(V) bits per token
         m.head.weight.zero_()
         flat = m(ids, targets, prescribed=flags[:, :-1])
@@ -54,7 +57,7 @@ def test_no_token_sees_a_later_one(tmp_path):
     b = a.clone()
     b[0, 30:] = torch.tensor(list(b"XYZXYZXYZXYZXYZXYZXYZXYZXYZXYZ"[: a.shape[1] - 30]))
     outs = [m(s[:, :-1], s[:, 1:], prescribed=prescribed_for(m, s[:, :-1])) for s in (a, b)]
-    last = outs[0].boundaries.mask[0].nonzero().flatten()
+    last = outs[0].nll[0].nonzero().flatten()  # each token's last byte
     early = last[last < 27]  # tokens ending well before the change (their bytes and all before are equal)
     assert len(early) > 3
     torch.testing.assert_close(outs[0].nll[0, early], outs[1].nll[0, early], rtol=0, atol=1e-6)

@@ -123,8 +123,7 @@ class TokenLM(nn.Module):
         logits = softcap(self.head(self.norm_out(h)).float(), self.cfg.final_softcap)  # (B,M,V)
         tok_nll = F.cross_entropy(logits.flatten(0, 1), tgt.flatten(), reduction="none").view(B, M) * valid
         nll = torch.zeros(B, T, device=targets.device).scatter_add(1, last, tok_nll)  # (B,T) at each last byte
-        mask = torch.zeros(B, T, dtype=torch.bool, device=targets.device)
-        mask.scatter_(1, last, valid)  # a boundary at each token's last byte (the U-Net's convention)
+        mask = prescribed.bool().clone()  # boundaries as the U-Net's `bpe` arm reports them (stats and drawings)
         count = valid.sum(1)
         out = ModelOutput(logits=logits, boundaries=BoundaryOutput(mask=mask, probs=mask.float()), n_tokens=count,
                           nll=nll, nll_early=torch.zeros_like(nll))

@@ -1,0 +1,226 @@
+"""Shared machinery of the comparison experiments (experiments/planted, experiments/leaderboard): the arms, their
+training at a FLOPs budget, their evaluation on held-out splits, and paired statistics over seeds.
+
+An arm is `learntok train --preset small` plus its flags. Every arm gets the bytes that cost the same training
+FLOPs by the paper's accounting (6 x matrix parameters per byte at the byte level, per token at the token level)
+at its expected rate; the realised FLOPs are recorded, since a strategy's rate can drift from its target.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ARMS: dict[str, list[str]] = {
+    # the learned policy: the small preset (D = 2, policy RMSNorm, gamma 0.9, normalised advantages, detached
+    # encoder, w = 0, mean pooling), and variants
+    "learned": [],
+    "learned-nonorm": ["--no-policy-norm"],
+    "learned-D16": ["--logit-scale", "16"],
+    "learned-D16-nonorm": ["--logit-scale", "16", "--no-policy-norm"],
+    "learned-w1": ["--policy-window", "1"],
+    # fixed and random boundaries (mean pooling, as the small preset)
+    "uniform": ["--boundaries", "uniform"],
+    "uniform-ee": ["--boundaries", "uniform", "--early-loss-to-encoder", "always"],
+    "uniform-random": ["--boundaries", "uniform-random"],
+    # heuristics and straight-through baselines
+    "whitespace": ["--boundaries", "whitespace"],
+    "bpe": ["--boundaries", "bpe"],
+    "entropy": ["--boundaries", "entropy"],
+    "hnet": ["--boundaries", "hnet"],
+    "dynamic": ["--boundaries", "dynamic"],
+    # what every tokenizer-free paper compares against, at the U-Net's FLOPs per byte (docs/results.md)
+    "flat": ["--boundaries", "flat", "--n-mid", "1", "--token-mlp-mult", "2"],
+    "bpe-lm": ["--arch", "token", "--boundaries", "bpe", "--bpe-vocab-size", "4096", "--n-mid", "4"],
+}
+RATE_FREE = {"whitespace": None, "flat": 1.0, "bpe-lm": 0.27}
+"""Arms whose rate is not --target-rate: None = the text's (whitespace), else the rate to budget FLOPs with
+(flat: every byte; bpe-lm: measured tokens per byte of a 4096-token BPE on enwiki, approximately)."""
+EVAL_BYTES = 262_144
+T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
+"""Two-sided 95 % Student t quantiles by degrees of freedom."""
+
+
+def arm_flags(name: str, rate: float) -> list[str]:
+    flags = list(ARMS[name])
+    return flags if name in RATE_FREE else [*flags, "--target-rate", f"{rate:.4f}"]
+
+
+def flops_per_byte(name: str, rate: float) -> float:
+    """Expected training FLOPs per byte of an arm (the paper's accounting)."""
+    from learntok.cli.train import parse_train_args
+    from learntok.model import build_model
+
+    cfg = parse_train_args(["--preset", "small", *arm_flags(name, rate)])
+    pb, pt = build_model(cfg.model, cfg.boundary).matrix_params()
+    return 6.0 * (pb + pt * (RATE_FREE.get(name) or rate))
+
+
+def train_arm(run: Path, data: Path, name: str, *, rate: float, seed: int, max_bytes: float = 0,
+              time_budget: float = 0, eval_every: int = 0, ckpt_every: int = 500) -> dict:
+    """Train one arm in a fresh process (log in RUN.log) for `max_bytes` bytes, or for `time_budget` seconds on a
+    time schedule; an interrupted arm (a checkpoint in RUN) is resumed exactly. Returns its final metrics and its
+    validation curve (bytes, FLOPs, seconds, val BPB)."""
+    common = ["--progress-style", "lines", "--ckpt-every", str(ckpt_every), "--eval-every", str(eval_every)]
+    if (run / "latest").exists():
+        cmd = [sys.executable, "-m", "learntok", "train", "--resume", str(run), *common]
+    else:
+        budget = (["--schedule", "time", "--time-budget", str(time_budget)] if time_budget
+                  else ["--max-bytes", str(int(max_bytes))])
+        cmd = [sys.executable, "-m", "learntok", "train", "--preset", "small", "--data", str(data), "--out", str(run),
+               "--overwrite", "--seed", str(seed), *budget, *common, *arm_flags(name, rate)]
+    t0 = time.time()
+    with open(run.with_suffix(".log"), "a") as log:
+        subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT)
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    evals = [r for r in rows if "val/bpb" in r]
+    final = evals[-1]
+    return {"bytes": final["bytes"], "flops": final["flops"], "train_seconds": final["time"],
+            "wall_seconds": time.time() - t0,
+            "curve": [[r["bytes"], r["flops"], r["time"], r["val/bpb"]] for r in evals]}
+
+
+def evaluate_arm(run: Path, reference) -> dict:
+    """Bits per byte on the first EVAL_BYTES of the validation and test splits (one boundary sample, the
+    paper's protocol) and agreement of the boundaries with `reference` (a document -> flags function)."""
+    from learntok.checkpoint import load_run
+    from learntok.data import ByteSequences, load_split
+    from learntok.evaluation.bpb import BoundaryMode, heldout_bpb
+    from learntok.evaluation.stats import BoundaryStats
+
+    cfg, model = load_run(run)
+    res = {}
+    for split in ("val", "test"):
+        _, docs = load_split(cfg.data, split)
+        seqs = ByteSequences(docs, cfg.data.seq_len, cfg.data.pack, annotate=model.boundary.annotator)
+        refs = {"ref": ByteSequences(docs, cfg.data.seq_len, cfg.data.pack, annotate=reference)}
+        stats = BoundaryStats()
+        out = heldout_bpb(model, seqs, BoundaryMode(), max_bytes=EVAL_BYTES, references=refs, stats=stats)
+        s = stats.result()
+        res[split] = {"bpb": out["bpb"], "bpb_se": out["bpb_se"], "rate": s["rate"],
+                      **{k: s["agreement"]["ref"][k] for k in ("precision", "recall", "f1", "f1_chance")}}
+    return res
+
+
+def spacebyte(doc: bytes):
+    """SpaceByte's word boundaries of a document (the reference on real text)."""
+    import torch
+
+    from learntok.boundaries.whitespace import spacebyte_boundaries
+    from learntok.vocab import BOS
+
+    return spacebyte_boundaries(torch.tensor([[BOS, *doc]]))[0, 1:].numpy()
+
+
+def budget_key(row: dict, results: dict) -> tuple[str, float]:
+    """(match, budget) of a result row: ("flops", training FLOPs) or ("time", seconds). Rows written before the
+    time view existed carry only a FLOPs budget, some only at the top level of results.json."""
+    if row.get("match") == "time":
+        return "time", row["time_budget"]
+    return "flops", row.get("flops_budget", results.get("flops_budget"))
+
+
+def run_arms(out: Path, data: Path, arms: list[str], seeds: list[int], *, rate: float, budget_bytes: float = 0,
+             time_budget: float = 0, reference, eval_every: int = 0, skip=lambda name: False,
+             run_name=None) -> dict:
+    """Train and evaluate every (arm, seed) not yet in OUT/results.json, one at a time, and return the results.
+    Budget: the training FLOPs of `budget_bytes` of `uniform` (each arm gets the bytes that cost as much), or,
+    with `time_budget`, that many seconds of training on a time schedule (the matched-time view)."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "results.json"
+    results = json.loads(path.read_text()) if path.exists() else {"data": str(data), "arms": []}
+    if time_budget:
+        key, tag = ("time", float(time_budget)), f"{time_budget:g}s"
+    else:
+        key, tag = ("flops", budget_bytes * flops_per_byte("uniform", rate)), f"{budget_bytes:.0e}"
+    done = {(r["arm"], r["seed"], budget_key(r, results)) for r in results["arms"]}
+    for seed in seeds:
+        for name in arms:
+            if (name, seed, key) in done or skip(name):
+                continue
+            run = out / (run_name(name, seed) if run_name else f"{name}-{tag}-seed{seed}")
+            if key[0] == "time":
+                res = train_arm(run, data, name, rate=rate, seed=seed, time_budget=time_budget, eval_every=eval_every)
+                res = {"match": "time", "time_budget": float(time_budget), **res}
+            else:
+                res = train_arm(run, data, name, rate=rate, seed=seed, eval_every=eval_every,
+                                max_bytes=key[1] / flops_per_byte(name, rate))
+                res = {"match": "flops", "flops_budget": key[1], "budget_bytes": budget_bytes, **res}
+            res = {"arm": name, "seed": seed, "flags": arm_flags(name, rate), **res, **evaluate_arm(run, reference)}
+            results["arms"].append(res)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(results, indent=1))
+            tmp.replace(path)
+            print(f"{name} seed {seed}: test BPB {res['test']['bpb']:.4f}, F1 {res['test']['f1']:.3f}, rate "
+                  f"{res['test']['rate']:.3f}, {res['bytes'] / 1e6:.2f} MB, {res['flops']:.3g} FLOPs, "
+                  f"{res['train_seconds']:.0f} s", flush=True)
+    return results
+
+
+def mean_se(xs: list[float], digits: int = 4) -> str:
+    if len(xs) == 1:
+        return f"{xs[0]:.{digits}f}"
+    return f"{statistics.mean(xs):.{digits}f} ± {statistics.stdev(xs) / math.sqrt(len(xs)):.{digits}f}"
+
+
+def paired(rows: list[dict], arm: str, base: str, split: str = "test") -> str:
+    """base - arm in BPB, paired by seed at the same budget: mean, 95 % CI, and the reading (positive: the arm
+    is better; "tie" when the interval covers 0)."""
+    by = {(r["arm"], r["seed"]): r[split]["bpb"] for r in rows}
+    d = [by[base, s] - by[arm, s] for (a, s) in by if a == arm and (base, s) in by]
+    if len(d) < 2:
+        return "—" if not d else f"{d[0]:+.4f} (1 seed)"
+    m, se = statistics.mean(d), statistics.stdev(d) / math.sqrt(len(d))
+    half = T95.get(len(d) - 1, 1.96) * se
+    verdict = "tie" if m - half <= 0 <= m + half else ("better" if m > 0 else "worse")
+    return f"{m:+.4f} [{m - half:+.4f}, {m + half:+.4f}] {verdict} ({len(d)} seeds)"
+
+
+def table(results: dict, floor: float = 0.0, *, bases: tuple[str, ...] = ("uniform-random", "uniform"),
+          reference_name: str = "SpaceByte", against: str | None = None) -> str:
+    """Per budget: the arms' BPB (minus `floor`) on test and validation, F1 against the reference, rate, bytes,
+    FLOPs, speed (mean ± standard error over seeds), then paired test-BPB differences: base − arm for each of
+    `bases` (positive: the arm is better), and arm − `against` (positive: `against` is better)."""
+    lines = []
+    groups: dict = {}
+    for r in results["arms"]:
+        groups.setdefault(budget_key(r, results), []).append(r)
+    for (match, budget), rows in sorted(groups.items()):
+        arms = list(dict.fromkeys(r["arm"] for r in rows))
+        sub = "− floor " if floor else ""
+        if match == "time":
+            head = f"Matched time: {budget:g} s of training per arm (time schedule)"
+        else:
+            of = rows[0].get("budget_bytes")
+            head = f"Matched FLOPs: {budget:.3g} training FLOPs per arm"
+            head += f" ({of:.2g} bytes of uniform)" if of else ""
+        lines += [f"{head}; mean ± standard error over seeds.", "",
+                  f"| arm | seeds | test BPB {sub}| val BPB {sub}| F1 vs {reference_name} | rate | MB | GFLOPs | "
+                  "train s | kB/s |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for a in arms:
+            rs = [r for r in rows if r["arm"] == a]
+            lines.append(f"| {a} | {len(rs)} | {mean_se([r['test']['bpb'] - floor for r in rs])} | "
+                         f"{mean_se([r['val']['bpb'] - floor for r in rs])} | "
+                         f"{mean_se([r['test']['f1'] for r in rs], 3)} | "
+                         f"{mean_se([r['test']['rate'] for r in rs], 3)} | "
+                         f"{statistics.mean(r['bytes'] for r in rs) / 1e6:.2f} | "
+                         f"{statistics.mean(r['flops'] for r in rs) / 1e9:.1f} | "
+                         f"{statistics.mean(r['train_seconds'] for r in rs):.0f} | "
+                         f"{statistics.mean(r['bytes'] / r['train_seconds'] for r in rs) / 1e3:.1f} |")
+        cols = [f"{b} − arm" for b in bases] + ([f"arm − {against}"] if against else [])
+        lines += ["", "Paired differences in test BPB (same seed; positive: the arm named first in the column is "
+                  "worse; 95 % CI; tie when it covers 0):", "", "| arm | " + " | ".join(cols) + " |",
+                  "|---|" + "---|" * len(cols)]
+        for a in arms:
+            cells = ["" if a == b else paired(rows, a, b) for b in bases]
+            if against:
+                cells.append("" if a == against else paired(rows, against, a))
+            if any(cells):
+                lines.append(f"| {a} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)

@@ -1,0 +1,158 @@
+"""A leaderboard of tokenizer-free methods on one U-Net at matched compute (docs/results.md, "Leaderboard").
+
+    # every arm at a short budget (the FLOPs of 6 MB of `uniform`), 3 seeds
+    python experiments/leaderboard/run.py run --data ../shared/data/text/enwiki --out runs/leaderboard \
+        --bytes 6e6 --seeds 0 1 2
+    # the headline pair at the small preset's budget, 5 seeds
+    python experiments/leaderboard/run.py run --data ../shared/data/text/enwiki --out runs/leaderboard \
+        --bytes 2.4e7 --seeds 0 1 2 3 4 --arms learned uniform
+    # the matched-time view: 600 s of training per arm on a time schedule
+    python experiments/leaderboard/run.py run --data ../shared/data/text/enwiki --out runs/leaderboard \
+        --seconds 600 --seeds 0 1 --arms learned uniform flat bpe-lm
+    python experiments/leaderboard/run.py report --out runs/leaderboard     # results.md and leaderboard.png
+
+Every arm is `learntok train --preset small` plus its flags (experiments/arms.py) at a target rate of 0.2. With
+--bytes B every arm gets the training FLOPs of B bytes of `uniform` by the paper's accounting (6 x matrix
+parameters per byte at the byte level and per token at the token level, at the arm's expected rate), so an arm
+with more parameters per byte sees fewer bytes; the realised FLOPs are recorded. With --seconds S every arm
+trains for S seconds with its learning rate decaying over that time. Validation BPB is measured --eval-points
+times during training (the curves of the plot; mid-run points are mid-schedule); the final numbers are
+measured on the first 256 KB of the validation and the test splits after training, one boundary sample (the
+paper's protocol). Choose settings on validation; read the test column. `run` keeps finished arms and resumes
+an interrupted one from its last checkpoint, so a study can be spread over sittings; it runs one training at a
+time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import arms  # noqa: E402  (experiments/arms.py)
+
+LEADERBOARD_ARMS = ["learned", "uniform", "uniform-random", "whitespace", "bpe", "entropy", "hnet", "dynamic",
+                    "flat", "bpe-lm", "uniform-ee", "learned-w1"]
+RATE = 0.2
+STEP_BYTES = 8 * 512
+"""Bytes per optimiser step of the small preset (batch 8 x 512), to turn --eval-points into --eval-every."""
+
+
+def cmd_run(args) -> None:
+    if bool(args.bytes) == bool(args.seconds):
+        sys.exit("give exactly one budget: --bytes (matched FLOPs) or --seconds (matched time)")
+    steps = args.bytes / STEP_BYTES if args.bytes else args.seconds * 25e3 / STEP_BYTES  # ~25 kB/s on 2 cores
+    eval_every = max(1, int(steps / args.eval_points)) if args.eval_points else 0
+    results = arms.run_arms(Path(args.out), Path(args.data), args.arms, args.seeds, rate=RATE,
+                            budget_bytes=args.bytes, time_budget=args.seconds, reference=arms.spacebyte,
+                            eval_every=eval_every)
+    print(arms.table(results, bases=("uniform",), against="learned"))
+
+
+def _curve(rows: list[dict]) -> tuple[list[float], list[float], list[float], list[float]]:
+    """Mean, low and high (over seeds) of validation BPB at the evaluation points the seeds share, by FLOPs."""
+    curves = [sorted({c[0]: c for c in r["curve"]}.values()) for r in rows]  # de-duplicate resumed evaluations
+    n = min(len(c) for c in curves)
+    xs, mean, lo, hi = [], [], [], []
+    for i in range(n):
+        vals = [c[i][3] for c in curves]
+        xs.append(statistics.mean(c[i][1] for c in curves))
+        mean.append(statistics.mean(vals))
+        lo.append(min(vals))
+        hi.append(max(vals))
+    return xs, mean, lo, hi
+
+
+def plot(results: dict, path: Path) -> None:
+    """Validation BPB against training FLOPs (mean over seeds, band: min to max) for every arm and FLOPs budget,
+    with each arm's final test BPB (mean ± standard error) at its realised FLOPs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in results["arms"] if arms.budget_key(r, results)[0] == "flops"]
+    names = list(dict.fromkeys(r["arm"] for r in rows))
+    colours = {a: plt.get_cmap("tab20")(i % 20) for i, a in enumerate(names)}
+    fig, ax = plt.subplots(figsize=(9, 6))
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault((r["arm"], arms.budget_key(r, results)[1]), []).append(r)
+    labelled = set()
+    for (a, _), rs in sorted(groups.items(), key=lambda kv: kv[0][1]):
+        label = None if a in labelled else a
+        labelled.add(a)
+        if all(r["curve"] for r in rs):
+            xs, mean, lo, hi = _curve(rs)
+            ax.plot(xs, mean, color=colours[a], lw=1.2, label=label)
+            ax.fill_between(xs, lo, hi, color=colours[a], alpha=0.2, lw=0)
+            label = None
+        test = [r["test"]["bpb"] for r in rs]
+        se = statistics.stdev(test) / math.sqrt(len(test)) if len(test) > 1 else 0.0
+        ax.errorbar(statistics.mean(r["flops"] for r in rs), statistics.mean(test), yerr=se, fmt="o",
+                    color=colours[a], ms=4, capsize=2, label=label)
+    ax.set_xscale("log")
+    ax.set_xlabel("training FLOPs (6 x matrix parameters per byte / token)")
+    ax.set_ylabel("bits per byte (lines: validation during training; dots: final test, ± s.e.)")
+    ax.set_title("Matched-FLOPs leaderboard (bands: min–max over seeds)")
+    finals = [r["test"]["bpb"] for r in rows]
+    if finals:
+        ax.set_ylim(min(finals) - 0.1, max(finals) + 0.6)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
+def ranking(results: dict) -> str:
+    """Arms ordered by mean test BPB within each budget (the short form for the README)."""
+    lines = []
+    groups: dict = {}
+    for r in results["arms"]:
+        groups.setdefault(arms.budget_key(r, results), {}).setdefault(r["arm"], []).append(r["test"]["bpb"])
+    for (match, budget), by in sorted(groups.items()):
+        what = f"{budget:g} s" if match == "time" else f"{budget:.3g} FLOPs"
+        order = sorted(by, key=lambda a: statistics.mean(by[a]))
+        lines.append(f"{what}: " + " < ".join(f"{a} {statistics.mean(by[a]):.3f}" for a in order))
+    return "\n".join(lines)
+
+
+def cmd_report(args) -> None:
+    out = Path(args.out)
+    results = json.loads((out / "results.json").read_text())
+    text = (f"Data: {results['data']}; `--preset small` at target rate {RATE}; BPB on 256 KB of each split.\n\n"
+            + arms.table(results, bases=("uniform",), against="learned") + "\nRanking by test BPB:\n\n"
+            + ranking(results) + "\n")
+    (out / "results.md").write_text(text)
+    print(text)
+    try:
+        plot(results, out / "leaderboard.png")
+        print(f"wrote {out / 'results.md'} and {out / 'leaderboard.png'}")
+    except ImportError:
+        print(f"wrote {out / 'results.md'} (no plot: pip install matplotlib)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    rn = sub.add_parser("run", help="train and evaluate the arms (resumable)")
+    rn.add_argument("--data", required=True)
+    rn.add_argument("--out", default="runs/leaderboard")
+    rn.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    rn.add_argument("--arms", nargs="+", default=LEADERBOARD_ARMS, choices=list(arms.ARMS))
+    rn.add_argument("--bytes", type=float, default=0.0, help="matched FLOPs: those of this many bytes of uniform")
+    rn.add_argument("--seconds", type=float, default=0.0, help="matched time: seconds of training per arm")
+    rn.add_argument("--eval-points", type=int, default=8, help="validation evaluations during training")
+    rp = sub.add_parser("report", help="write OUT/results.md and OUT/leaderboard.png")
+    rp.add_argument("--out", default="runs/leaderboard")
+    args = ap.parse_args()
+    {"run": cmd_run, "report": cmd_report}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""The comparison experiments' machinery (experiments/arms.py, experiments/leaderboard): FLOPs matching of the arms,
+paired statistics, the tables, and one resumable two-arm run end to end."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+import arms  # noqa: E402
+
+
+def test_flops_matched_baselines_cost_what_the_u_net_costs_per_byte():
+    """flat and bpe-lm are sized so that a byte costs about what it costs the U-Net (within 10 %): the leaderboard
+    gives each arm the bytes of the same FLOPs, so a badly sized baseline would see far more or fewer bytes."""
+    uniform = arms.flops_per_byte("uniform", 0.2)
+    for name in ("flat", "bpe-lm", "learned", "hnet", "dynamic"):
+        assert arms.flops_per_byte(name, 0.2) == pytest.approx(uniform, rel=0.10), name
+    assert arms.flops_per_byte("learned", 0.3) > arms.flops_per_byte("learned", 0.2)  # tokens cost per token
+
+
+def _rows(arm: str, bpbs: list[float], budget: float = 1e12) -> list[dict]:
+    return [{"arm": arm, "seed": s, "match": "flops", "flops_budget": budget, "budget_bytes": 1e6, "bytes": 1e6,
+             "flops": budget, "train_seconds": 10.0, "curve": [],
+             **{split: {"bpb": b, "f1": 0.5, "rate": 0.2} for split in ("val", "test")}} for s, b in enumerate(bpbs)]
+
+
+def test_paired_differences_use_seeds_as_pairs_and_say_tie_when_the_interval_covers_zero():
+    base = _rows("uniform", [2.00, 2.10, 2.20])
+    better = _rows("learned", [1.98, 2.08, 2.17])  # 0.02, 0.02, 0.03 better: consistent, so significant
+    noisy = _rows("noisy", [1.90, 2.15, 2.20])  # +0.10, -0.05, 0.00: mean +0.017, interval covers 0
+    rows = base + better + noisy
+    assert arms.paired(rows, "learned", "uniform").endswith("better (3 seeds)")
+    assert arms.paired(rows, "learned", "uniform").startswith("+0.0233 [")
+    assert "tie" in arms.paired(rows, "noisy", "uniform")
+    assert arms.paired(rows, "uniform", "learned").startswith("-0.0233")
+    assert arms.paired(base + _rows("one", [1.9]), "one", "uniform") == "+0.1000 (1 seed)"
+    # half width = t(2) * sd / sqrt(3) with t(2) = 4.30
+    lo = float(arms.paired(rows, "learned", "uniform").split("[")[1].split(",")[0])
+    assert lo == pytest.approx(0.0233 - 4.30 * 0.005774 / 3 ** 0.5, abs=2e-4)
+
+
+def test_tables_group_by_budget_and_read_old_results():
+    results = {"data": "x", "arms": _rows("uniform", [2.0, 2.1]) + _rows("learned", [1.9, 2.0])
+               + _rows("uniform", [1.8, 1.9], budget=4e12)}
+    results["arms"].append({**_rows("learned", [1.5])[0], "match": "time", "time_budget": 600.0})
+    legacy = {k: v for k, v in _rows("uniform", [2.2])[0].items() if k not in ("match", "flops_budget")}
+    results["arms"].append({**legacy, "seed": 7})
+    results["flops_budget"] = 1e12  # what results.json held before budgets were per row
+    text = arms.table(results, bases=("uniform",), against="learned")
+    assert text.count("Matched FLOPs: 1e+12") == 1 and "Matched FLOPs: 4e+12" in text
+    assert "Matched time: 600 s" in text
+    assert "| uniform | 3 | 2.1000 ± 0.0577 |" in text  # the legacy row joins its budget
+    assert "| learned | +0.1000 (1 seed) |" not in text and "| learned | " in text
+
+
+def test_leaderboard_runs_resumes_and_reports(tmp_path, text_corpus, monkeypatch):
+    """Two arms train (a few steps of --preset small) and are evaluated on validation and test; a second call
+    trains nothing; an arm interrupted after a checkpoint resumes from it; report writes the table and plot."""
+    spec = importlib.util.spec_from_file_location("leaderboard_run", Path(arms.__file__).parent / "leaderboard/run.py")
+    leaderboard = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(leaderboard)
+
+    (text_corpus / "test").mkdir()
+    (text_corpus / "test" / "0.txt").write_text((text_corpus / "valid" / "0.txt").read_text()[::-1])
+    monkeypatch.setattr(arms, "EVAL_BYTES", 2048)
+    out = tmp_path / "lb"
+    kw = dict(rate=0.2, budget_bytes=3 * 4096, reference=arms.spacebyte)
+    res = arms.run_arms(out, text_corpus, ["uniform", "learned"], [0], **kw)
+    assert [(r["arm"], r["seed"]) for r in res["arms"]] == [("uniform", 0), ("learned", 0)]
+    for r in res["arms"]:
+        assert r["flops"] == pytest.approx(r["flops_budget"], rel=0.5) and r["test"]["bpb"] > 0
+        assert r["val"]["bpb"] != r["test"]["bpb"]
+    stamp = (out / "results.json").stat().st_mtime_ns
+    assert arms.run_arms(out, text_corpus, ["uniform", "learned"], [0], **kw) == res
+    assert (out / "results.json").stat().st_mtime_ns == stamp  # nothing retrained
+
+    # an interrupted arm: a checkpoint but no result; run_arms continues it instead of starting over
+    done = arms.train_arm(out / "part", text_corpus, "uniform", rate=0.2, seed=1, max_bytes=2 * 4096, ckpt_every=1)
+    log = (out / "part.log").read_text()
+    again = arms.train_arm(out / "part", text_corpus, "uniform", rate=0.2, seed=1, max_bytes=2 * 4096)
+    assert "resum" in (out / "part.log").read_text()[len(log):].lower()
+    assert again["bytes"] == done["bytes"]
+
+    monkeypatch.setattr(sys, "argv", ["run.py", "report", "--out", str(out)])
+    leaderboard.main()
+    md = (out / "results.md").read_text()
+    assert "| learned | 1 |" in md and "Ranking by test BPB" in md
+    assert (out / "leaderboard.png").stat().st_size > 10_000
+    json.loads((out / "results.json").read_text())
