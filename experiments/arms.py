@@ -104,7 +104,8 @@ def evaluate_arm(run: Path, reference) -> dict:
         out = heldout_bpb(model, seqs, BoundaryMode(), max_bytes=EVAL_BYTES, references=refs, stats=stats)
         s = stats.result()
         res[split] = {"bpb": out["bpb"], "bpb_se": out["bpb_se"], "rate": s["rate"],
-                      **{k: s["agreement"]["ref"][k] for k in ("precision", "recall", "f1", "f1_chance")}}
+                      **{k: s["agreement"]["ref"][k]
+                         for k in ("precision", "recall", "f1", "f1_chance", "f1_by_shift", "best_shift")}}
     return res
 
 
@@ -182,6 +183,15 @@ def paired(rows: list[dict], arm: str, base: str, split: str = "test") -> str:
     return f"{m:+.4f} [{m - half:+.4f}, {m + half:+.4f}] {verdict} ({len(d)} seeds)"
 
 
+def _shifted(rows: list[dict]) -> str:
+    """' (+1: F1)' when the arms' boundaries agree best with the reference at a shift (one byte early: +1)."""
+    shifts = [r["test"].get("best_shift", 0) for r in rows]
+    k = max(set(shifts), key=shifts.count)
+    if k == 0:
+        return ""
+    return f" ({k:+d}: {statistics.mean(r['test']['f1_by_shift'][str(k)] for r in rows):.3f})"
+
+
 def table(results: dict, floor: float = 0.0, *, bases: tuple[str, ...] = ("uniform-random", "uniform"),
           reference_name: str = "SpaceByte", against: str | None = None) -> str:
     """Per budget: the arms' BPB (minus `floor`) on test and validation, F1 against the reference, rate, bytes,
@@ -200,14 +210,15 @@ def table(results: dict, floor: float = 0.0, *, bases: tuple[str, ...] = ("unifo
             of = rows[0].get("budget_bytes")
             head = f"Matched FLOPs: {budget:.3g} training FLOPs per arm"
             head += f" ({of:.2g} bytes of uniform)" if of else ""
-        lines += [f"{head}; mean ± standard error over seeds.", "",
+        lines += [f"{head}; mean ± standard error over seeds. F1 (k: F1') means the boundaries agree best with the "
+                  "reference k bytes later (k = +1: one byte early), where they reach F1'.", "",
                   f"| arm | seeds | test BPB {sub}| val BPB {sub}| F1 vs {reference_name} | rate | MB | GFLOPs | "
                   "train s | kB/s |", "|---|---|---|---|---|---|---|---|---|---|"]
         for a in arms:
             rs = [r for r in rows if r["arm"] == a]
             lines.append(f"| {a} | {len(rs)} | {mean_se([r['test']['bpb'] - floor for r in rs])} | "
                          f"{mean_se([r['val']['bpb'] - floor for r in rs])} | "
-                         f"{mean_se([r['test']['f1'] for r in rs], 3)} | "
+                         f"{mean_se([r['test']['f1'] for r in rs], 3)}{_shifted(rs)} | "
                          f"{mean_se([r['test']['rate'] for r in rs], 3)} | "
                          f"{statistics.mean(r['bytes'] for r in rs) / 1e6:.2f} | "
                          f"{statistics.mean(r['flops'] for r in rs) / 1e9:.1f} | "

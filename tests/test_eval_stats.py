@@ -128,3 +128,20 @@ def test_inference_flops_by_hand():
     f = inference_flops(model, 0.25)
     assert (f["byte_params"], f["token_params"]) == (byte, token)
     assert f["per_byte"] == 2 * byte + 2 * token * 0.25
+
+
+def test_agreement_at_a_shift_reveals_boundaries_one_byte_off():
+    """A model whose boundaries sit one byte before the reference's scores F1 0 at shift 0 and 1 at shift +1,
+    so an off-by-one convention reads as such, not as a strategy that ignores the text."""
+    ids = torch.full((2, 40), 97)
+    ref = torch.zeros(2, 40, dtype=torch.bool)
+    ref[:, 5::6] = True
+    early = torch.roll(ref, -1, 1)  # every boundary one byte early
+    stats = BoundaryStats()
+    stats.add(ids, BoundaryOutput(mask=early, probs=early.float()), {"ref": ref})
+    a = stats.result()["agreement"]["ref"]
+    assert a["f1"] == 0.0 and a["f1_by_shift"]["1"] == 1.0 and a["best_shift"] == 1
+    assert a["f1_by_shift"]["-1"] == 0.0
+    stats = BoundaryStats()  # the reference itself: best at 0
+    stats.add(ids, BoundaryOutput(mask=ref, probs=ref.float()), {"ref": ref})
+    assert stats.result()["agreement"]["ref"]["best_shift"] == 0

@@ -18,6 +18,10 @@ from learntok.boundaries.whitespace import spacebyte_boundaries
 
 HIST_CAP = 64
 """Token lengths (bytes per token) of HIST_CAP or more share the last histogram bucket."""
+SHIFTS = (-2, -1, 1, 2)
+"""Offsets at which agreement with a reference is also measured: F1 at shift k compares the model's boundary at t
+with the reference's at t + k, so boundaries one byte early (k = 1) or late (k = -1) show as such instead of as
+chance."""
 
 
 def mean_se(values: Sequence[float] | np.ndarray) -> dict:
@@ -76,6 +80,7 @@ class BoundaryStats:
         self.has_policy = False
         self.hist = np.zeros(HIST_CAP + 1, dtype=np.int64)  # hist[k] = tokens of k bytes (k = HIST_CAP: >=)
         self.counts: dict[str, list[int]] = {}  # reference -> [tp, fp, fn, n_ref_boundaries, n_bytes]
+        self.shift_hits: dict[str, dict[int, int]] = {}  # reference -> shift k -> boundaries matched at t + k
 
     def add(self, ids: torch.Tensor, out, references: dict[str, torch.Tensor] | None = None) -> None:
         """ids (B,T) model inputs; out the BoundaryOutput; references name -> (B,T) bool boundaries."""
@@ -105,6 +110,12 @@ class BoundaryStats:
             c[2] += int((~pred & ref).sum())
             c[3] += int(ref.sum())
             c[4] += int(byte.sum())
+            hits = self.shift_hits.setdefault(name, dict.fromkeys(SHIFTS, 0))
+            for k in SHIFTS:  # the model's boundary at t against the reference's at t + k
+                if k > 0:
+                    hits[k] += int((pred[:, :-k] & ref[:, k:]).sum())
+                else:
+                    hits[k] += int((pred[:, -k:] & ref[:, :k]).sum())
 
     def result(self) -> dict:
         """JSON-ready statistics; policy terms are None for strategies without a policy."""
@@ -120,7 +131,12 @@ class BoundaryStats:
             q = n_ref / max(n_bytes, 1)  # the reference's own rate over byte positions
             r_model = (tp + fp) / max(n_bytes, 1)
             chance = 2 * q * r_model / (q + r_model) if q + r_model > 0 else float("nan")
-            agree[name] = {**prf(tp, fp, fn), "reference_rate": q, "f1_chance": chance}
+            n_pred, shifted = tp + fp, {0: prf(tp, fp, fn)["f1"]}
+            for k, hit in self.shift_hits.get(name, {}).items():
+                shifted[k] = 2 * hit / (n_pred + n_ref) if n_pred + n_ref else float("nan")
+            best = max(sorted(shifted), key=lambda k: (shifted[k], -abs(k)))
+            agree[name] = {**prf(tp, fp, fn), "reference_rate": q, "f1_chance": chance,
+                           "f1_by_shift": {str(k): shifted[k] for k in sorted(shifted)}, "best_shift": best}
         return {
             "rate": rate,
             "positions": self.n_pos,
