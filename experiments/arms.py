@@ -24,12 +24,14 @@ ARMS: dict[str, list[str]] = {
     "learned-D16": ["--logit-scale", "16"],
     "learned-D16-nonorm": ["--logit-scale", "16", "--no-policy-norm"],
     "learned-w1": ["--policy-window", "1"],
+    "learned-noee": ["--early-loss-to-encoder", "never"],  # rewards from a probe; the encoder gets no L_early
     # fixed and random boundaries (mean pooling, as the small preset)
     "uniform": ["--boundaries", "uniform"],
     "uniform-ee": ["--boundaries", "uniform", "--early-loss-to-encoder", "always"],
     "uniform-random": ["--boundaries", "uniform-random"],
     # heuristics and straight-through baselines
     "whitespace": ["--boundaries", "whitespace"],
+    "whitespace-ee": ["--boundaries", "whitespace", "--early-loss-to-encoder", "always"],
     "bpe": ["--boundaries", "bpe"],
     "entropy": ["--boundaries", "entropy"],
     "hnet": ["--boundaries", "hnet"],
@@ -38,7 +40,7 @@ ARMS: dict[str, list[str]] = {
     "flat": ["--boundaries", "flat", "--n-mid", "1", "--token-mlp-mult", "2"],
     "bpe-lm": ["--arch", "token", "--boundaries", "bpe", "--bpe-vocab-size", "4096", "--n-mid", "4"],
 }
-RATE_FREE = {"whitespace": None, "flat": 1.0, "bpe-lm": 0.306}
+RATE_FREE = {"whitespace": None, "whitespace-ee": None, "flat": 1.0, "bpe-lm": 0.306}
 """Arms whose rate is not --target-rate: None = the text's (whitespace), else the rate to budget FLOPs with
 (flat: every byte; bpe-lm: tokens per byte of the 4096-token BPE on enwiki's validation text, measured with
 learntok.boundaries.bpe.heldout_rate: 0.306; 8192 tokens give 0.272, 16384 give 0.246)."""

@@ -163,18 +163,18 @@ def test_early_head_starts_as_copy(tmp_path):
     assert torch.equal(m.head.weight, m.head_early.weight)
 
 
-@pytest.mark.parametrize("strategy,always,reaches_encoder", [("uniform", False, False), ("learned", False, True),
-                                                            ("uniform", True, True)])
-def test_early_exit_loss_trains_encoder_only_for_reward_strategies(strategy, always, reaches_encoder):
+@pytest.mark.parametrize("strategy,mode,reaches_encoder", [("uniform", "rewards", False), ("learned", "rewards", True),
+                                                          ("uniform", "always", True), ("learned", "never", False)])
+def test_early_exit_loss_trains_encoder_only_for_reward_strategies(strategy, mode, reaches_encoder):
     """For strategies without rewards the early-exit head is a detached probe: its loss weight does not
-    change the encoder's gradient; --early-loss-to-encoder always (the control) gives it to every strategy."""
+    change the encoder's gradient; --early-loss-to-encoder always gives it to every strategy, never to none."""
     seq = _ids(2, 24, 0)
     noise = torch.rand(2, 24, generator=torch.Generator().manual_seed(1))
     grads = []
     for lam in (0.0, 0.5):
         torch.manual_seed(0)
         quiet = {"lambda_policy": 0.0, "lambda_target": 0.0} if strategy == "learned" else {}
-        mc = tiny_model(lambda_early=lam, early_loss_to_encoder="always" if always else "rewards")
+        mc = tiny_model(lambda_early=lam, early_loss_to_encoder=mode)
         m = ByteLM(mc, boundary_config(strategy, **quiet)).train()
         m(seq[:, :-1], seq[:, 1:], noise=noise).loss.backward()
         grads.append(m.down[0].mlp.up.weight.grad.clone())

@@ -60,7 +60,7 @@ def cmd_run(args) -> None:
         reference = arms.spacebyte
     results = arms.run_arms(out, data, args.arms, args.seeds, rate=1.0 / info["mean_word_bytes"],
                             budget_bytes=args.bytes, reference=reference,
-                            skip=lambda name: name == "whitespace" and not info["spec"]["separator"])
+                            skip=lambda name: name.startswith("whitespace") and not info["spec"]["separator"])
     results["planted"] = info
     (out / "results.json").write_text(json.dumps(results, indent=1))
     (out / "results.md").write_text(table(results) + "\n")

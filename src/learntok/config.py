@@ -67,10 +67,11 @@ class ModelConfig:
     arch: Literal["unet", "token"] = "unet"
     """unet: the byte-level U-Net; token: a standard BPE-tokenized transformer (n_mid blocks over BPE tokens, no
     byte layers; needs --boundaries bpe --bpe-vocab-size N), the tokenized baseline."""
-    early_loss_to_encoder: Literal["rewards", "always"] = "rewards"
+    early_loss_to_encoder: Literal["rewards", "always", "never"] = "rewards"
     """Which strategies' encoders the early-exit loss trains: rewards (only those whose estimator uses the
-    early-exit head, i.e. learned; for the others it is a detached probe), or always (every strategy: the control
-    that gives baselines the same auxiliary loss)."""
+    early-exit head, i.e. learned; for the others it is a detached probe), always (every strategy: the control
+    that gives baselines the same auxiliary loss), or never (a detached probe for every strategy; learned then
+    takes its rewards from the probe: the control from the other side)."""
 
     def __post_init__(self) -> None:
         if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:

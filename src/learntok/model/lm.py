@@ -173,7 +173,8 @@ class ByteLM(nn.Module):
                                    reduction="none").view_as(targets)
 
         nll = nll_of(res.logits)
-        trains_encoder = self.boundary.uses_rewards or cfg.early_loss_to_encoder == "always"
+        mode = cfg.early_loss_to_encoder
+        trains_encoder = mode == "always" or (mode == "rewards" and self.boundary.uses_rewards)
         x_early = x if trains_encoder else x.detach()
         nll_early = nll_of(self._head(self.norm_early, self.head_early, x_early))
         l_auto, l_early = nll.sum() / n, nll_early.sum() / n
