@@ -194,11 +194,12 @@ def _shifted(rows: list[dict]) -> str:
     return f" ({k:+d}: {statistics.mean(r['test']['f1_by_shift'][str(k)] for r in rows):.3f})"
 
 
-def table(results: dict, floor: float = 0.0, *, bases: tuple[str, ...] = ("uniform-random", "uniform"),
+def table(results: dict, floor: dict | None = None, *, bases: tuple[str, ...] = ("uniform-random", "uniform"),
           reference_name: str = "SpaceByte", against: str | None = None) -> str:
-    """Per budget: the arms' BPB (minus `floor`) on test and validation, F1 against the reference, rate, bytes,
-    FLOPs, speed (mean ± standard error over seeds), then paired test-BPB differences: base − arm for each of
-    `bases` (positive: the arm is better), and arm − `against` (positive: `against` is better)."""
+    """Per budget: the arms' BPB on test and validation (minus `floor`: split -> bits per byte), F1 against the
+    reference, rate, bytes, FLOPs, speed (mean ± standard error over seeds), then paired test-BPB differences:
+    base − arm for each of `bases` (positive: the arm is better), and arm − `against` (positive: `against` is
+    better)."""
     lines = []
     groups: dict = {}
     for r in results["arms"]:
@@ -206,6 +207,7 @@ def table(results: dict, floor: float = 0.0, *, bases: tuple[str, ...] = ("unifo
     for (match, budget), rows in sorted(groups.items()):
         arms = list(dict.fromkeys(r["arm"] for r in rows))
         sub = "− floor " if floor else ""
+        low = floor or {"test": 0.0, "val": 0.0}
         if match == "time":
             head = f"Matched time: {budget:g} s of training per arm (time schedule)"
         else:
@@ -218,8 +220,8 @@ def table(results: dict, floor: float = 0.0, *, bases: tuple[str, ...] = ("unifo
                   "train s | kB/s |", "|---|---|---|---|---|---|---|---|---|---|"]
         for a in arms:
             rs = [r for r in rows if r["arm"] == a]
-            lines.append(f"| {a} | {len(rs)} | {mean_se([r['test']['bpb'] - floor for r in rs])} | "
-                         f"{mean_se([r['val']['bpb'] - floor for r in rs])} | "
+            lines.append(f"| {a} | {len(rs)} | {mean_se([r['test']['bpb'] - low['test'] for r in rs])} | "
+                         f"{mean_se([r['val']['bpb'] - low['val'] for r in rs])} | "
                          f"{mean_se([r['test']['f1'] for r in rs], 3)}{_shifted(rs)} | "
                          f"{mean_se([r['test']['rate'] for r in rs], 3)} | "
                          f"{statistics.mean(r['bytes'] for r in rs) / 1e6:.2f} | "
