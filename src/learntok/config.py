@@ -10,7 +10,7 @@ Every field carries an attribute docstring; `tyro` turns them into `learntok tra
 unique across the nested dataclasses so the command line spells them without prefixes (`--d-model`,
 `--policy-window`, `--lr`). Presets are plain functions returning a `TrainConfig` (learntok.presets).
 `to_dict` / `from_dict` are the JSON form of config.json; `from_dict` also reads version-1 configs (the flat
-`BoundaryConfig` of learntok 0.1) and converts them.
+`BoundaryConfig` of learntok 0.1) and version-2 ones (before `policy_norm` was a flag) and converts them.
 """
 
 from __future__ import annotations

@@ -1,11 +1,13 @@
 """The paper's boundary policy, trained with the score-function estimator (paper §2-3, docs/method.md).
 
-    l_raw_t  = W_0 X_t + sum_{j=1..w} a_{t-j} W_j X_t                      (eq. 21)
+    h_t      = X_t, or RMSNorm(X_t) with --policy-norm (not in the paper)
+    l_raw_t  = W_0 h_t + sum_{j=1..w} a_{t-j} W_j h_t                      (eq. 21)
     l_t      = softcap(l_raw_t / D + logit(pi_target))   (softcap in training only)
     a_t      ~ Bernoulli(sigmoid(l_t)),   a_0 = 1
 
 Losses (per-byte means over decided, non-padding positions):
     L_pi     = - mean_t log pi(a_t) * sg(A_t),  A = batch-relative discounted early-exit-relative reward
+               (divided by the batch std with --normalize-advantage)
     L_target = mean(l) * sg(mean(p) - pi_target)                         (eq. 24)
 With --value-baseline, G_t - sg(V(X_t)) replaces G_t in the advantage and lambda_pi mean (V(X_t) - G_t)^2 trains V.
 """
@@ -53,8 +55,8 @@ class LearnedConfig(SampledConfig):
     logit_softcap: float = 6.0
     """Soft-cap of the boundary logits in training (c*tanh(l/c)); 0 disables it. None at evaluation."""
     gamma: float = 0.99
-    """Time discount of the returns G_t = sum_j gamma^j R_{t+j} (eq. 16). gamma < 1 biases the gradient of
-    the undiscounted objective in exchange for lower variance."""
+    """Time discount of the returns G_t = sum_j gamma^j r_{t+j}, with r_t the paper's R_{t+1} (eq. 16).
+    gamma < 1 biases the gradient of the undiscounted objective in exchange for lower variance."""
     normalize_advantage: bool = False
     """Divide advantages by their batch standard deviation (not in the paper; a data-dependent rescaling that
     biases the gradient)."""
