@@ -57,9 +57,10 @@ class ModelConfig:
     """RoPE base. Token-level positions are the byte indices of the boundary bytes."""
     init_std: float = 0.02
     """Standard deviation of the normal initialisation of matrices."""
-    attn_backend: Literal["auto", "eager", "sdpa"] = "auto"
+    attn_backend: Literal["auto", "eager", "sdpa", "flex"] = "auto"
     """Attention kernel: eager (pure PyTorch, supports soft-capping), sdpa (PyTorch fused; only without the
-    attention soft-cap), auto (sdpa when attn_softcap == 0, else eager)."""
+    attention soft-cap), flex (FlexAttention, fused with the soft-cap under torch.compile), auto (flex on CUDA;
+    on CPU sdpa when attn_softcap == 0, else eager)."""
     lambda_early: float = 1e-1
     """Weight of the early-exit head's language-modelling loss (eq. 27)."""
     code_loss_weights: bool = False
@@ -178,6 +179,13 @@ class TrainConfig(Generic[B]):
     parallel: Literal["ddp", "fsdp"] = "ddp"
     """Under torchrun: DistributedDataParallel, or FSDP2 (fully_shard per block) for models that do not fit
     one device. Ignored in a single process."""
+    precision: Literal["auto", "fp32", "bf16-mixed", "bf16"] = "auto"
+    """Numerics: fp32; bf16-mixed (bf16 autocast over fp32 weights and optimizer state); bf16 (pure bf16
+    weights, activations and optimizer state, as the authors' code trains); auto = bf16-mixed on CUDA, fp32 on
+    CPU. Logits, losses and the estimator's returns are fp32 in every mode."""
+    activation_checkpointing: bool = False
+    """Recompute each transformer block's activations in the backward pass instead of storing them: less
+    memory for long sequences, about one more forward pass of compute."""
     compile: bool = False
     """torch.compile the model (1.05-1.2x per step on a 2-core CPU after about a minute of compiling;
     bench/README.md)."""

@@ -1,8 +1,12 @@
-"""Device selection, shared by training and every command that loads a model."""
+"""Device and numeric precision, shared by training and every command that loads a model."""
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
+
+PRECISIONS = ("auto", "fp32", "bf16-mixed", "bf16")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -16,3 +20,26 @@ def resolve_device(name: str) -> torch.device:
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device {name}: CUDA is not available on this machine")
     return dev
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """auto: bf16-mixed on CUDA, fp32 on CPU (whose bf16 matmuls are slower than fp32 on most CPUs)."""
+    if precision == "auto":
+        return "bf16-mixed" if device.type == "cuda" else "fp32"
+    return precision
+
+
+def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
+    """The forward pass's context: bf16 autocast for bf16-mixed (fp32 weights and optimizer state, bf16
+    matmuls and attention; norms, losses and logits stay fp32), nothing for fp32 and pure bf16."""
+    if precision == "bf16-mixed":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def configure_matmul(precision: str, device: torch.device) -> None:
+    """TF32 for the fp32 matmuls that remain under bf16 on CUDA (Ampere and later); strict fp32 stays
+    strict."""
+    if device.type == "cuda" and precision != "fp32":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True

@@ -30,7 +30,7 @@ from learntok.boundaries.base import override_boundaries
 from learntok.config import ModelConfig
 from learntok.nn.attention import softcap
 from learntok.nn.cache import KVCache
-from learntok.nn.layers import Block, Packing, RMSNorm, rope_tables
+from learntok.nn.layers import Block, Packing, RMSNorm, rope_tables, run_block
 from learntok.vocab import IGNORE, VOCAB_SIZE
 
 
@@ -77,7 +77,9 @@ class ByteLM(nn.Module):
     def __init__(self, cfg: ModelConfig, bcfg: BoundaryConfig):
         super().__init__()
         self.cfg, self.bcfg = cfg, bcfg
-        backend = cfg.attn_backend if cfg.attn_backend != "auto" else ("sdpa" if cfg.attn_softcap == 0 else "eager")
+        self.activation_checkpointing = False
+        """Set by training (--activation-checkpointing): recompute block activations in the backward pass."""
+        backend = cfg.attn_backend  # "auto" is resolved per call, on the device of the inputs
         d, H = cfg.d_model, cfg.n_heads
         byte_hidden, tok_hidden = round(cfg.byte_mlp_mult * d), round(cfg.token_mlp_mult * d)
 
@@ -127,8 +129,12 @@ class ByteLM(nn.Module):
         rope = self._rope(torch.arange(ids.shape[1], device=ids.device))
         x = self.embed(ids)  # (B,T,D)
         for blk in self.down:
-            x = blk(x, rope)
+            x = self._block(blk, x, rope)
         return x
+
+    def _block(self, blk: nn.Module, *args) -> torch.Tensor:
+        """blk(*args), recomputed in the backward pass with activation checkpointing (training only)."""
+        return run_block(blk, *args, recompute=self.activation_checkpointing and self.training)
 
     # -- whole sequences -----------------------------------------------------------------------------------
 
@@ -152,10 +158,10 @@ class ByteLM(nn.Module):
         y = packing.pack(tokens.x)  # (N,D)
         rope_tok = self._rope(packing.pack(tokens.pos))  # RoPE at the boundaries' byte indices (1,N,dh/2)
         for blk in self.mid:
-            y = blk(y, rope_tok, packing)  # (N,D)
+            y = self._block(blk, y, rope_tok, packing)  # (N,D)
         h = self.boundary.upsample(packing.unpack(y), x, tokens, out)  # (B,T,D)
         for blk in self.up:
-            h = blk(h, rope_byte)
+            h = self._block(blk, h, rope_byte)
         logits = self._head(self.norm_out, self.head, h)  # (B,T,V)
         result = ModelOutput(logits=logits, boundaries=out, n_tokens=tokens.count)
         if targets is not None:

@@ -25,7 +25,7 @@ from learntok.boundaries import BoundaryOutput, build_strategy
 from learntok.config import ModelConfig
 from learntok.model.lm import ModelOutput
 from learntok.nn.attention import softcap
-from learntok.nn.layers import Block, RMSNorm, rope_tables
+from learntok.nn.layers import Block, RMSNorm, rope_tables, run_block
 from learntok.vocab import EOS, IGNORE
 
 
@@ -39,11 +39,13 @@ class TokenLM(nn.Module):
             raise ValueError("--arch token is a BPE-tokenized transformer: it needs --boundaries bpe and a fixed "
                              "--bpe-vocab-size (e.g. 4096)")
         self.cfg, self.bcfg = cfg, bcfg
+        self.activation_checkpointing = False
+        """Set by training (--activation-checkpointing)."""
         self.boundary = build_strategy(bcfg, cfg.d_model)  # trains / loads the tokenizer; annotates the data
         self.vocab = bcfg.bpe_vocab_size + 2  # BPE tokens, then BOS and EOS
         self.bos, self.eos = self.vocab - 2, self.vocab - 1
         d, H = cfg.d_model, cfg.n_heads
-        backend = cfg.attn_backend if cfg.attn_backend != "auto" else ("sdpa" if cfg.attn_softcap == 0 else "eager")
+        backend = cfg.attn_backend  # "auto" is resolved per call, on the device of the inputs
         hidden = round(cfg.token_mlp_mult * d)
         self.embed = nn.Embedding(self.vocab, d)
         self.blocks = nn.ModuleList(Block(d, H, hidden, None, cfg.attn_softcap, backend) for _ in range(cfg.n_mid))
@@ -119,7 +121,7 @@ class TokenLM(nn.Module):
                            self.cfg.rope_base)
         h = self.embed(inp)
         for blk in self.blocks:
-            h = blk(h, rope)
+            h = run_block(blk, h, rope, recompute=self.activation_checkpointing and self.training)
         logits = softcap(self.head(self.norm_out(h)).float(), self.cfg.final_softcap)  # (B,M,V)
         tok_nll = F.cross_entropy(logits.flatten(0, 1), tgt.flatten(), reduction="none").view(B, M) * valid
         nll = torch.zeros(B, T, device=targets.device).scatter_add(1, last, tok_nll)  # (B,T) at each last byte

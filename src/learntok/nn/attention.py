@@ -1,13 +1,17 @@
 """Attention kernels behind one function, `attend`.
 
 Two masks are needed: byte-level causal sliding window (byte i sees bytes i-window+1 .. i) and token-level
-full causal attention. Two backends:
+full causal attention. Three backends:
 
 - eager: scores are materialised, so Gemma-2 attention-logit soft-capping is possible. Sliding-window
   attention is *blocked*: queries are cut into blocks of S >= window bytes and each block attends only to
   its own and the previous key block, so memory grows with T * 2S, not T^2.
 - sdpa: `torch.nn.functional.scaled_dot_product_attention` with the same blocked layout (or is_causal for
   tokens). It cannot soft-cap, so it is only used when the cap is off.
+- flex: FlexAttention (`torch.nn.attention.flex_attention`): the soft-cap is a score modification and the
+  causal / sliding-window structure a block mask, so one fused kernel (under torch.compile: Triton on CUDA, C++
+  on CPU) computes the Gemma-2 attention without materialising the scores and skips the key blocks outside
+  the window. The compiled kernel is cached per shape. `auto` picks it on CUDA when the cap is on.
 
 `reference_attention` is the dense O(T^2) version both are tested against.
 """
@@ -89,11 +93,78 @@ def causal_attention(q, k, v, cap: float, backend: str) -> torch.Tensor:
     return torch.softmax(scores, dim=-1) @ v
 
 
+@functools.lru_cache(maxsize=64)
+def _flex_block_mask(T: int, window: int | None, device: torch.device):
+    """The block mask of causal (window=None) or causal sliding-window attention over T positions (cached: it
+    depends only on the shape, and building it costs a pass over the blocks)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    def causal(b, h, q_idx, kv_idx):
+        return q_idx >= kv_idx
+
+    def sliding(b, h, q_idx, kv_idx):
+        return (q_idx >= kv_idx) & (q_idx - kv_idx < window)
+
+    return create_block_mask(causal if window is None else sliding, None, None, T, T, device=device)
+
+
+@functools.lru_cache(maxsize=8)
+def _softcap_mod(cap: float):
+    """score_mod applying c * tanh(s / c) to the scaled score (one function per cap, so compiled kernels are
+    reused)."""
+    def mod(score, b, h, q_idx, kv_idx):
+        return cap * torch.tanh(score / cap)
+    return mod
+
+
+FLEX_COMPILE = True
+"""Run FlexAttention through torch.compile (the fused kernel). False uses its unfused eager path, which
+materialises the scores: a reference for tests that should not pay for compilation."""
+
+
+@functools.cache
+def _flex_compiled():
+    from torch.nn.attention.flex_attention import flex_attention
+    return torch.compile(flex_attention, dynamic=False)
+
+
+FLEX_CPU_TRAINING = ("--attn-backend flex cannot train on CPU: PyTorch's FlexAttention has no backward pass "
+                     "there (it evaluates and generates); use --attn-backend auto or eager")
+
+
+def flex_attention(q, k, v, window: int | None, cap: float) -> torch.Tensor:
+    """Causal (sliding-window) soft-capped attention by FlexAttention. q, k, v: (B,H,T,dh) -> (B,H,T,dh).
+    Forward and backward on CUDA; forward only on CPU (a PyTorch limitation)."""
+    from torch.nn.attention.flex_attention import flex_attention as flex_eager
+
+    if q.device.type == "cpu" and any(t.requires_grad for t in (q, k, v)):
+        raise ValueError(FLEX_CPU_TRAINING)
+
+    mask = _flex_block_mask(q.shape[-2], window, q.device)
+    score_mod = _softcap_mod(float(cap)) if cap > 0 else None
+    # Inside a compiled model dynamo traces flex_attention itself; outside, the compiled wrapper is the kernel.
+    fn = _flex_compiled() if FLEX_COMPILE and not torch.compiler.is_compiling() else flex_eager
+    return fn(q, k, v, score_mod=score_mod, block_mask=mask)
+
+
+def resolve_backend(backend: str, cap: float, device: torch.device) -> str:
+    """`auto`: flex on CUDA (fused, with the soft-cap), sdpa on CPU without a cap, else eager."""
+    if backend != "auto":
+        return backend
+    if device.type == "cuda":
+        return "flex"
+    return "sdpa" if cap == 0 else "eager"
+
+
 def attend(q, k, v, *, window: int | None, cap: float, backend: str) -> torch.Tensor:
-    """Dispatch: window=None is full causal attention, else causal sliding-window attention."""
+    """Dispatch: window=None is full causal attention, else causal sliding-window attention. `backend`:
+    eager, sdpa, flex or auto (resolved on q's device)."""
+    backend = resolve_backend(backend, cap, q.device)
+    if backend == "flex":
+        return flex_attention(q, k, v, window, cap)
     if backend == "sdpa" and cap > 0:
         raise ValueError("the sdpa attention backend cannot soft-cap attention logits; set --attn-softcap 0 "
-                         "or --attn-backend eager")
+                         "or --attn-backend eager or flex")
     if window is None:
         return causal_attention(q, k, v, cap, backend)
     return sliding_window_attention(q, k, v, window, cap, backend)

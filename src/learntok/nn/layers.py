@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from learntok.nn.attention import attend, attend_cached
 from learntok.nn.cache import KVCache
@@ -117,6 +118,14 @@ class Attention(nn.Module):
         q, k, v = pad.view(3, H, packed.B, packed.M, D // H).transpose(1, 2).unbind(0)  # (B,H,M,dh)
         y = attend(q, k, v, window=self.window, cap=self.cap, backend=self.backend)  # (B,H,M,dh)
         return self.proj(y.transpose(1, 2).reshape(packed.B * packed.M, D)[packed.index])  # (N,D)
+
+
+def run_block(blk: nn.Module, *args, recompute: bool = False) -> torch.Tensor:
+    """blk(*args); with `recompute` (activation checkpointing) its activations are recomputed in the backward
+    pass instead of stored: less memory, about one more forward pass of compute."""
+    if recompute and torch.is_grad_enabled():
+        return checkpoint(blk, *args, use_reentrant=False)
+    return blk(*args)
 
 
 class GeGLU(nn.Module):

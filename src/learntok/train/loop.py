@@ -23,9 +23,11 @@ import torch.distributed as tdist
 from learntok.config import TrainConfig, to_dict
 from learntok.data import BatchIterator, ByteSequences, describe, load_splits, val_batches_with_flags
 from learntok.data.stream import StreamBatches, open_stream
+from learntok.device import autocast, configure_matmul, resolve_precision
 from learntok.errors import TrainingError
 from learntok.model import build_model
 from learntok.model.lm import ByteLM
+from learntok.nn.attention import FLEX_CPU_TRAINING
 from learntok.train.logs import Sinks, StepMetrics
 from learntok.train.parallel import (
     Dist,
@@ -88,7 +90,12 @@ def train(cfg: TrainConfig, *, log=print, on_eval: EvalHook | None = None) -> Ru
     log = log if d.is_main else (lambda *_a, **_k: None)
     out = Path(cfg.resume or cfg.out)
     torch.manual_seed(cfg.seed)
+    precision = resolve_precision(cfg.precision, d.device)
+    configure_matmul(precision, d.device)
     model = build_model(cfg.model, cfg.boundary).to(d.device)
+    if precision == "bf16":
+        model.to(torch.bfloat16)
+    model.activation_checkpointing = cfg.activation_checkpointing
     batches, val_seqs = load_data(cfg, model, out, d, per_rank, log)
     val = val_batches_with_flags(val_seqs, micro, cfg.data.val_bytes)
     ckpt = open_run_dir(out, bool(cfg.resume), cfg.overwrite, d, log)
@@ -97,7 +104,7 @@ def train(cfg: TrainConfig, *, log=print, on_eval: EvalHook | None = None) -> Ru
         log(f"resumed from {ckpt} at step {state.step}")
     sharded = cfg.parallel == "fsdp" and d.active
     wrapped = wrap_model(model, cfg.parallel, d)
-    opt = make_optimizer(model, cfg.optim)
+    opt = make_optimizer(model, cfg.optim, fused=d.device.type == "cuda" and not sharded)
     if optim_state is not None:
         load_optimizer_state(wrapped, opt, optim_state, sharded)
     if d.is_main:
@@ -128,7 +135,8 @@ def train(cfg: TrainConfig, *, log=print, on_eval: EvalHook | None = None) -> Ru
         saved_at = state.step
 
     def evaluate(final: bool) -> dict:
-        ev = validate(model, val, d.device) if evaluates else {"val/bpb": float("nan"), "val/rate": float("nan")}
+        with autocast(precision, d.device):
+            ev = validate(model, val, d.device) if evaluates else {"val/bpb": float("nan"), "val/rate": float("nan")}
         sinks.write({"step": state.step, "bytes": state.bytes_seen, "flops": state.flops, "time": state.elapsed,
                      **ev})
         if on_eval is not None and evaluates:
@@ -210,6 +218,8 @@ def train(cfg: TrainConfig, *, log=print, on_eval: EvalHook | None = None) -> Ru
 
 def batch_split(cfg: TrainConfig, d: Dist) -> tuple[int, int, int]:
     """(sequences per process, per micro-batch, micro-batches per step) of the global batch."""
+    if cfg.model.attn_backend == "flex" and d.device.type != "cuda":
+        raise ValueError(FLEX_CPU_TRAINING)
     if cfg.batch_size % d.world:
         raise ValueError(f"batch_size={cfg.batch_size} is not divisible by the {d.world} processes")
     per_rank = cfg.batch_size // d.world
@@ -260,10 +270,10 @@ def train_step(cfg: TrainConfig, model: ByteLM, wrapped, fwd, opt, batches: Batc
     parts = [MicroBatch(batch[i:i + micro, :-1], batch[i:i + micro, 1:], noise[i:i + micro],
                         None if flags is None else flags[i:i + micro, :-1].to(d.device))
              for i in range(0, batch.shape[0], micro)]
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if d.device.type == "cuda" else contextlib.nullcontext()
+    mixed = autocast(resolve_precision(cfg.precision, d.device), d.device)
 
     def pre_pass(recorder) -> None:  # the micro-batches once without gradients, for the global statistics
-        with torch.no_grad(), autocast:
+        with torch.no_grad(), mixed:
             for mb in parts:
                 model(mb.ids, mb.targets, noise=mb.noise, prescribed=mb.prescribed, batch_stats=recorder)
 
@@ -274,7 +284,7 @@ def train_step(cfg: TrainConfig, model: ByteLM, wrapped, fwd, opt, batches: Batc
         if d.active and cfg.parallel == "ddp" and i < accum - 1:
             sync = wrapped.no_sync()  # gradients are all-reduced once, after the last micro-step
         with sync:  # one context for forward and backward (a no_sync context is entered once)
-            with autocast:
+            with mixed:
                 out = fwd(mb.ids, mb.targets, noise=mb.noise, prescribed=mb.prescribed, batch_stats=reducer)
             (out.loss / accum).backward()
         tokens += int(out.n_tokens.sum())

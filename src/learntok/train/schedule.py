@@ -68,13 +68,15 @@ def lr_at(opt: OptimConfig, bytes_seen: float, total_bytes: float, elapsed: floa
     return opt.lr * (opt.min_lr_ratio + (1 - opt.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
-def make_optimizer(model: torch.nn.Module, opt: OptimConfig) -> torch.optim.AdamW:
-    """AdamW; weight decay on matrices only (not norms, biases or the byte embedding)."""
+def make_optimizer(model: torch.nn.Module, opt: OptimConfig, fused: bool = False) -> torch.optim.AdamW:
+    """AdamW; weight decay on matrices only (not norms, biases or the byte embedding). `fused`: one CUDA kernel
+    for the whole update (CUDA only), else the multi-tensor (foreach) implementation."""
     decay, no_decay = [], []
     for name, p in model.named_parameters():
         (decay if p.dim() >= 2 and not name.startswith("embed") else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": opt.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=opt.lr, betas=(opt.beta1, opt.beta2), foreach=True)
+    impl = {"fused": True} if fused else {"foreach": True}
+    return torch.optim.AdamW(groups, lr=opt.lr, betas=(opt.beta1, opt.beta2), **impl)
 
 
 class Stopwatch:

@@ -1,0 +1,81 @@
+"""Numerics and memory options of training: --precision (fp32, bf16-mixed, pure bf16) on the CPU fallback the
+GPU path shares, activation checkpointing (same gradients, recomputed), and FlexAttention refused for CPU
+training with one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from learntok.cli import main
+from learntok.device import resolve_precision
+from learntok.train import train
+
+from .conftest import build_model, tiny_train_config
+
+
+def _losses(run: Path) -> list[float]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss/auto"] for r in rows if "loss/auto" in r]
+
+
+def test_auto_precision_is_bf16_mixed_on_cuda_and_fp32_on_cpu():
+    assert resolve_precision("auto", torch.device("cuda")) == "bf16-mixed"
+    assert resolve_precision("auto", torch.device("cpu")) == "fp32"
+    assert resolve_precision("bf16", torch.device("cpu")) == "bf16"
+
+
+def test_bf16_runs_track_the_fp32_run(tmp_path, text_corpus):
+    """Six learned-boundary steps in each mode: every loss finite, within bf16's tolerance of fp32's, and not
+    bit-equal to it (bf16 really ran). Pure bf16 keeps bf16 weights in the checkpoint."""
+    runs = {}
+    for p in ("fp32", "bf16-mixed", "bf16"):
+        train(tiny_train_config(tmp_path / p, text_corpus, precision=p), log=lambda *_: None)
+        runs[p] = _losses(tmp_path / p)
+    for p in ("bf16-mixed", "bf16"):
+        assert len(runs[p]) == len(runs["fp32"]) == 6
+        diff = max(abs(a - b) for a, b in zip(runs[p], runs["fp32"]))
+        assert 0 < diff < 0.1, (p, runs[p], runs["fp32"])
+    from safetensors.torch import load_file
+    weights = load_file(next((tmp_path / "bf16").glob("step_*/model.safetensors")))
+    assert {t.dtype for t in weights.values()} == {torch.bfloat16}
+
+
+def test_activation_checkpointing_gives_the_same_gradients():
+    """Recomputed blocks (byte levels and the packed token level) give the gradients the stored ones give."""
+    grads = []
+    for recompute in (False, True):
+        m = build_model("learned")
+        m.activation_checkpointing = recompute
+        ids = torch.randint(0, 256, (3, 40), generator=torch.Generator().manual_seed(2))
+        out = m(ids, ids.roll(-1, 1), noise=torch.rand(3, 40, generator=torch.Generator().manual_seed(3)))
+        out.loss.backward()
+        grads.append({n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys() and len(grads[0]) > 10
+    for n in grads[0]:
+        torch.testing.assert_close(grads[1][n], grads[0][n], rtol=1e-5, atol=1e-6, msg=n)
+
+
+def test_activation_checkpointing_trains(tmp_path, text_corpus):
+    a = tiny_train_config(tmp_path / "a", text_corpus, max_steps=3)
+    b = tiny_train_config(tmp_path / "b", text_corpus, max_steps=3, activation_checkpointing=True)
+    train(a, log=lambda *_: None)
+    train(b, log=lambda *_: None)
+    torch.testing.assert_close(_losses(tmp_path / "b"), _losses(tmp_path / "a"), rtol=1e-5, atol=1e-6)
+
+
+def test_flex_backend_on_cpu_training_is_one_line(tmp_path, text_corpus, capsys):
+    code = main(["train", "--data", str(text_corpus), "--out", str(tmp_path / "r"), "--preset", "tiny",
+                 "--max-steps", "1", "--attn-backend", "flex", "--device", "cpu"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "cannot train on CPU" in err[0], err
+
+
+@pytest.mark.parametrize("value", ["fp16", "bf"])
+def test_unknown_precision_is_one_line(tmp_path, value, capsys):
+    code = main(["train", "--out", str(tmp_path / "r"), "--precision", value])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "precision" in err[0], err
