@@ -8,7 +8,7 @@ import json
 import torch
 
 from learntok.cli import main
-from learntok.evaluation.variance import policy_gradient_variance, variant_names
+from learntok.evaluation.variance import noise_and_signal, policy_gradient_variance, variant_names
 from learntok.vocab import BOS
 
 from .conftest import build_model, tiny_train_config
@@ -38,3 +38,18 @@ def test_diagnose_command_writes_its_table(tmp_path, text_corpus, capsys):
     rows = json.loads((run / "diagnose-init" / "variance.json").read_text())["rows"]
     assert len(rows) == 2 * len(variant_names(0.99))  # policy and encoder groups
     assert main(["diagnose", "variance", str(run), "--samples", "1"]) == 2
+
+
+def test_snr_is_corrected_for_the_noise_in_the_mean():
+    """Draws with no signal read SNR ~ 0 (the plain ratio would read ~1/n); draws with a known signal read it."""
+    g = torch.Generator().manual_seed(0)
+    P, n = 400, 64
+    noise = torch.randn(200, n, P, generator=g)  # tr(Cov) = P
+    none = [noise_and_signal(x)[1] for x in noise]
+    assert abs(sum(none) / len(none)) < 0.003  # plain ||mean||^2 / tr would be 1/n = 0.0156
+    mu = torch.zeros(P)
+    mu[0] = (0.05 * P) ** 0.5  # ||mu||^2 / tr(Cov) = 0.05
+    some = [noise_and_signal(x + mu)[1] for x in noise]
+    assert abs(sum(some) / len(some) - 0.05) < 0.005
+    var, _ = noise_and_signal(noise[0])
+    assert abs(var / P - 1) < 0.05

@@ -15,8 +15,9 @@ forward pass, so the variants are compared on the same draws:
 
 Each estimate is (1/B) sum_{b,t} grad log pi(a_{b,t}) A_{b,t} over the trained decisions. Reported per parameter
 group: the total variance of one batch's estimate (trace of its covariance), the signal-to-noise ratio
-||E g||^2 / E||g - E g||^2, and the cosine of the mean estimate to a reference direction: the batch-centred
-estimator with gamma = 1 averaged over `reference_factor` times as many draws (its expectation is exactly
+||E g||^2 / E||g - E g||^2 (bias-corrected: `noise_and_signal`), and the cosine of the mean estimate to a
+reference direction: the batch-centred estimator with gamma = 1 averaged over `reference_factor` times as many
+draws (its expectation is exactly
 (1 - 1/B) times the gradient of E[sum_k r_k], and it is far less noisy than the uncentred ones). naive, relative
 and to-go are unbiased estimates of that gradient; centring scales it by (1 - 1/B); gamma < 1 and normalisation
 change it (tests/test_estimator_exact.py shows each exactly on a small policy).
@@ -126,8 +127,8 @@ def policy_gradient_variance(model, batch: torch.Tensor, *, samples: int = 64, r
         for n in names:
             g = torch.stack(grads[n][gname])  # (samples, P)
             mean = g.mean(0)
-            var = float(((g - mean) ** 2).sum(1).mean())
-            rows.append(VariantStats(n, gname, var, float(mean.square().sum()) / max(var, 1e-30),
+            var, snr = noise_and_signal(g)
+            rows.append(VariantStats(n, gname, var, snr,
                                      float(torch.nn.functional.cosine_similarity(mean, reference, dim=0)),
                                      float(mean.norm() / reference.norm().clamp(min=1e-30))))
     info = {"batch": B, "seq_len": T, "samples": samples, "reference_samples": samples * reference_factor,
@@ -135,14 +136,29 @@ def policy_gradient_variance(model, batch: torch.Tensor, *, samples: int = 64, r
     return rows, info
 
 
+def noise_and_signal(g: torch.Tensor) -> tuple[float, float]:
+    """From n draws (n, P) of an estimator: the trace of its covariance (unbiased, divisor n - 1) and its
+    signal-to-noise ratio ||E g||^2 / tr(Cov), with ||E g||^2 estimated without bias as ||mean||^2 - tr/n (the
+    mean of n draws carries tr/n of noise, so the plain ratio would read about 1/n for an estimator with no
+    signal at all). A ratio <= 0 means no signal is detectable in n draws."""
+    n = g.shape[0]
+    mean = g.mean(0)
+    var = float(((g - mean) ** 2).sum() / (n - 1))
+    return var, (float(mean.square().sum()) - var / n) / max(var, 1e-30)
+
+
 def format_table(rows: list[VariantStats], info: dict) -> str:
-    """A Markdown table: variance, reduction against naive, SNR, cosine and scale to the reference."""
+    """A Markdown table: variance, reduction against naive, SNR (and the batches it takes to reach 1), cosine and
+    scale to the reference."""
     lines = [f"{info['samples']} boundary draws on one batch of {info['batch']} x {info['seq_len']} bytes; reference: "
-             f"centred, gamma 1, over {info['reference_samples']} draws; run gamma {info['gamma']:g}", "",
-             "| group | estimator | variance | vs naive | SNR | cosine to reference | scale |",
-             "|---|---|---|---|---|---|---|"]
+             f"centred, gamma 1, over {info['reference_samples']} draws; run gamma {info['gamma']:g}. SNR is "
+             f"bias-corrected (<= 0: no signal detectable in {info['samples']} draws); the cosine of a mean whose own "
+             "SNR (draws x SNR) is below 1 is mostly noise.", "",
+             "| group | estimator | variance | vs naive | SNR | batches for SNR 1 | cosine to reference | scale |",
+             "|---|---|---|---|---|---|---|---|"]
     naive = {r.group: r.variance for r in rows if r.name == "naive"}
     for r in rows:
+        need = f"{1 / r.snr:.3g}" if r.snr > 0 else "no signal"
         lines.append(f"| {r.group} | {r.name} | {r.variance:.4g} | {naive[r.group] / max(r.variance, 1e-30):.1f}x | "
-                     f"{r.snr:.3g} | {r.cosine:.3f} | {r.scale:.3f} |")
+                     f"{r.snr:.3g} | {need} | {r.cosine:.3f} | {r.scale:.3f} |")
     return "\n".join(lines)
