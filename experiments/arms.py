@@ -25,6 +25,9 @@ ARMS: dict[str, list[str]] = {
     "learned-D16-nonorm": ["--logit-scale", "16", "--no-policy-norm"],
     "learned-w1": ["--policy-window", "1"],
     "learned-noee": ["--early-loss-to-encoder", "never"],  # rewards from a probe; the encoder gets no L_early
+    # K boundary samples per sequence with a leave-one-out baseline (a batch of 8 rows: 8/K distinct texts)
+    "learned-k2": ["--policy-samples", "2"],
+    "learned-k4": ["--policy-samples", "4"],
     # fixed and random boundaries (mean pooling, as the small preset)
     "uniform": ["--boundaries", "uniform"],
     "uniform-ee": ["--boundaries", "uniform", "--early-loss-to-encoder", "always"],

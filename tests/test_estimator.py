@@ -183,3 +183,16 @@ def test_value_baseline_is_subtracted_and_trained_on_its_own():
     grads = torch.autograd.grad(terms["loss/value"], [*pol.proj.parameters(), *pol.value.parameters()],
                                 allow_unused=True)
     assert grads[0] is None and all(gr is not None for gr in grads[1:])
+
+
+def test_leave_one_out_advantage_subtracts_the_other_samples_mean():
+    from learntok.boundaries.reinforce import leave_one_out_advantage
+
+    g = torch.tensor([[1.0, 2.0], [3.0, 6.0], [5.0, 1.0], [0.0, 0.0], [1.0, 1.0], [2.0, 2.0]])  # 2 texts x 3
+    keep = torch.ones(6, 2, dtype=torch.bool)
+    keep[3, 1] = False  # a position that is not trained neither gets an advantage nor serves as a baseline
+    a = leave_one_out_advantage(g, keep, 3)
+    torch.testing.assert_close(a[:3], torch.tensor([[1 - 4.0, 2 - 3.5], [3 - 3.0, 6 - 1.5], [5 - 2.0, 1 - 4.0]]))
+    torch.testing.assert_close(a[3:], torch.tensor([[0 - 1.5, 0.0], [1 - 1.0, 1 - 2.0], [2 - 0.5, 2 - 1.0]]))
+    with pytest.raises(ValueError, match="groups of 4"):
+        leave_one_out_advantage(g, keep, 4)

@@ -161,3 +161,16 @@ def test_a_detached_encoder_gets_no_policy_gradient(detach):
     g_x, g_w = torch.autograd.grad(terms["loss/policy"], [xg, pol.proj.weight], allow_unused=True)
     assert g_w.abs().sum() > 0
     assert (g_x is None or not g_x.abs().sum()) == detach
+
+
+@pytest.mark.parametrize("K", [2, 3])
+def test_leave_one_out_over_samples_of_one_text_is_the_exact_gradient(K):
+    """--policy-samples K: all K rows are samples of one text, each row's baseline the mean return of the other
+    K - 1. Through the real losses the expected update is exactly grad J: no (1 - 1/B) shrinkage, no bias."""
+    pol, x, logp, early = _setup(policy_samples=K)
+    params = [pol.proj.weight]
+    exact = _flat(_exact_gradient(pol, x, logp, early, params))
+    torch.testing.assert_close(_flat(_expected_update(pol, x, logp, early, K, params)), exact, rtol=1e-4, atol=1e-6)
+    pol1, *rest = _setup()  # the same policy (same seed) with the batch-mean baseline of eq. 17
+    batch_mean = _flat(_expected_update(pol1, *rest, K, [pol1.proj.weight]))
+    torch.testing.assert_close(batch_mean, (1 - 1 / K) * exact, rtol=1e-4, atol=1e-6)  # it shrinks

@@ -5,6 +5,7 @@ training with one line."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -79,3 +80,40 @@ def test_unknown_precision_is_one_line(tmp_path, value, capsys):
     code = main(["train", "--out", str(tmp_path / "r"), "--precision", value])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "precision" in err[0], err
+
+
+def test_policy_samples_repeat_each_sequence_in_consecutive_rows(tmp_path, text_corpus):
+    """--policy-samples 2: every training batch holds each sequence twice, side by side, with different
+    boundaries (the noise is keyed on the row); the run trains and its losses are finite."""
+    from learntok.boundaries import boundary_config
+    from learntok.model.lm import ByteLM
+
+    seen = []
+    real = ByteLM.forward
+
+    def spy(self, ids, *a, **k):
+        out = real(self, ids, *a, **k)
+        if self.training and torch.is_grad_enabled():
+            seen.append((ids.clone(), out.boundaries.mask.clone()))
+        return out
+
+    cfg = tiny_train_config(tmp_path / "k2", text_corpus, max_steps=3,
+                            boundary=boundary_config("learned", policy_samples=2))
+    ByteLM.forward = spy
+    try:
+        train(cfg, log=lambda *_: None)
+    finally:
+        ByteLM.forward = real
+    assert len(seen) == 3
+    for ids, mask in seen:
+        assert ids.shape[0] == 4
+        assert torch.equal(ids[0], ids[1]) and torch.equal(ids[2], ids[3]) and not torch.equal(ids[0], ids[2])
+        assert not torch.equal(mask[0], mask[1])
+    assert all(map(math.isfinite, _losses(tmp_path / "k2")))
+
+
+def test_policy_samples_that_split_a_micro_batch_are_one_line(tmp_path, text_corpus, capsys):
+    code = main(["train", "--data", str(text_corpus), "--out", str(tmp_path / "r"), "--preset", "tiny",
+                 "--max-steps", "1", "--policy-samples", "3"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "--policy-samples 3" in err[0], err

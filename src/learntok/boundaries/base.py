@@ -155,6 +155,12 @@ class BoundaryStrategy(nn.Module):
     """True if `init_step_state` / `step` are implemented (cached generation); otherwise generation
     recomputes the full forward pass for every byte."""
 
+    @property
+    def samples_per_sequence(self) -> int:
+        """Rows each training sequence occupies in the batch (K boundary samples of the same text; the training
+        loop repeats every sequence this many times, consecutively). Default 1."""
+        return 1
+
     def __init__(self, cfg: BoundaryConfig, dim: int):
         super().__init__()
         if not isinstance(cfg, self.config):

@@ -32,6 +32,7 @@ from learntok.boundaries.reinforce import (
     BatchStatistics,
     batch_relative_advantage,
     discounted_returns,
+    leave_one_out_advantage,
     sample_window_policy,
     window_logits,
 )
@@ -64,6 +65,12 @@ class LearnedConfig(SampledConfig):
     """Subtract a learned baseline V(X_t) ~ E[G_t | bytes <= t] (a linear head on the detached encoder state,
     trained by squared error) from the returns before the batch-relative centring. It does not depend on a_t,
     so it adds no bias; it removes the content-driven part of the returns' variance (not in the paper)."""
+    policy_samples: int = 1
+    """K boundary samples per training sequence (not in the paper; 1 = the paper). Each sequence fills K
+    consecutive rows of the batch (--batch-size counts rows, so K times fewer distinct sequences per update),
+    and a row's baseline is the mean return of the other K - 1 samples of the same text at the same position
+    (leave-one-out) instead of the batch mean of eq. 17: unbiased, and matched to the content, which the
+    batch mean over different texts is not. The LM loss averages over the K samples."""
     lambda_policy: float = 1e-2
     """Weight of the policy (REINFORCE) loss."""
     lambda_target: float = 1e-2
@@ -77,6 +84,8 @@ class LearnedConfig(SampledConfig):
             raise ValueError(f"logit_scale must be > 0, got {self.logit_scale}")
         if not 0 <= self.gamma <= 1:
             raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
+        if self.policy_samples < 1:
+            raise ValueError(f"policy_samples must be >= 1, got {self.policy_samples}")
 
 
 @dataclass
@@ -104,6 +113,10 @@ class LearnedBoundaries(BoundaryStrategy):
         self.proj = nn.Linear(dim, cfg.policy_window + 1, bias=False)
         self.bias = math.log(cfg.target_rate / (1 - cfg.target_rate))  # logit(pi_target)
         self.value = nn.Sequential(RMSNorm(dim), nn.Linear(dim, 1)) if cfg.value_baseline else None
+
+    @property
+    def samples_per_sequence(self) -> int:
+        return self.cfg.policy_samples
 
     def propose(self, x, ids, *, noise, generator, prescribed=None):
         cfg = self.cfg
@@ -158,6 +171,8 @@ class LearnedBoundaries(BoundaryStrategy):
             # then slowed the language model (screening run Lc: grad norm 1.7 vs 0.6, val BPB +0.16).
             extra["loss/value"] = cfg.lambda_policy * ((out.value - g) ** 2 * vf).sum() / vf.sum().clamp(min=1)
             g = g - out.value.detach()  # a state-only baseline: unbiased
+        if cfg.policy_samples > 1:  # rows b*K .. b*K+K-1 are K samples of one text: leave-one-out baseline
+            g = leave_one_out_advantage(g, keep, cfg.policy_samples)  # (B,T), centred per text
         # Batch statistics of the *global* batch (all ranks and micro-steps) when a reducer is given.
         # Over the decisions the loss trains (keep): a forced column's return, whose advantage is never used,
         # must not enter the spread that --normalize-advantage divides by.
@@ -165,7 +180,10 @@ class LearnedBoundaries(BoundaryStrategy):
                                 p_sum=(out.probs.detach() * kf).sum(), n=kf.sum())
         stats = reduce(local) if reduce is not None else local
         mean_g = stats.g_sum / stats.g_cnt.clamp(min=1)  # (T,)
-        adv = batch_relative_advantage(g, valid, mean=mean_g)  # (B,T)
+        if cfg.policy_samples > 1:
+            adv = g * vf  # already centred; the batch mean above serves only the normaliser's spread
+        else:
+            adv = batch_relative_advantage(g, valid, mean=mean_g)  # (B,T)
         if cfg.normalize_advantage:
             var = (stats.g2_sum - stats.g_cnt * mean_g**2).sum() / stats.g_cnt.sum().clamp(min=1)
             adv = adv / (var.clamp(min=0).sqrt() + 1e-6)

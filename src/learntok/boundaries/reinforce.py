@@ -120,6 +120,20 @@ def batch_relative_advantage(g: torch.Tensor, valid: torch.Tensor, mean: torch.T
     return (g - mean) * vf
 
 
+def leave_one_out_advantage(g: torch.Tensor, keep: torch.Tensor, k: int) -> torch.Tensor:
+    """Returns of K samples per text (rows b*K .. b*K+K-1 share a text) minus, per row and position, the mean
+    return of the other K - 1 samples of its text: G - (sum_group - G) / (K - 1). The others' boundaries are
+    drawn independently of this row's, so the baseline adds no bias (RLOO). Positions outside `keep` count
+    neither as a baseline nor get an advantage. g, keep (B,T) with B a multiple of K -> (B,T)."""
+    B, T = g.shape
+    if B % k:
+        raise ValueError(f"{B} rows do not split into groups of {k} samples per sequence")
+    kf = keep.to(g.dtype)
+    gk, kk = (g * kf).view(B // k, k, T), kf.view(B // k, k, T)
+    others = (gk.sum(1, keepdim=True) - gk) / (kk.sum(1, keepdim=True) - kk).clamp(min=1)  # (B/K,K,T)
+    return ((gk - others) * kk).view(B, T)
+
+
 @dataclass
 class BatchStatistics:
     """Sums over a batch of what the estimator averages over the batch."""

@@ -96,7 +96,7 @@ def train(cfg: TrainConfig, *, log=print, on_eval: EvalHook | None = None) -> Ru
     if precision == "bf16":
         model.to(torch.bfloat16)
     model.activation_checkpointing = cfg.activation_checkpointing
-    batches, val_seqs = load_data(cfg, model, out, d, per_rank, log)
+    batches, val_seqs = load_data(cfg, model, out, d, per_rank // model.boundary.samples_per_sequence, log)
     val = val_batches_with_flags(val_seqs, micro, cfg.data.val_bytes)
     ckpt = open_run_dir(out, bool(cfg.resume), cfg.overwrite, d, log)
     state, optim_state, window_state = restore_state(ckpt, model, batches) if ckpt else (TrainState(), None, None)
@@ -226,6 +226,10 @@ def batch_split(cfg: TrainConfig, d: Dist) -> tuple[int, int, int]:
     micro = cfg.micro_batch_size or per_rank
     if per_rank % micro:
         raise ValueError(f"per-process batch {per_rank} is not a multiple of micro_batch_size={micro}")
+    k = getattr(cfg.boundary, "policy_samples", 1)  # rows per sequence; a group must not straddle micro-batches
+    if micro % k:
+        raise ValueError(f"--policy-samples {k} does not divide the {micro} rows of a micro-batch per process "
+                         "(each sequence's samples must sit in one micro-batch)")
     return per_rank, micro, per_rank // micro
 
 
@@ -263,7 +267,11 @@ def train_step(cfg: TrainConfig, model: ByteLM, wrapped, fwd, opt, batches: Batc
     """One optimizer update on this process's rows of the next global batch. Returns the tokens the whole update
     formed (all processes) and "" or, when the update was skipped because a loss or the gradient norm was not
     finite on some process, what was wrong."""
-    batch, flags = batches.next_with_flags()  # (per_rank, seq_len + 1) ids, flags or None
+    batch, flags = batches.next_with_flags()  # (per_rank / K, seq_len + 1) ids, flags or None
+    k = model.boundary.samples_per_sequence
+    if k > 1:  # K boundary samples per sequence: consecutive copies (their noise differs by global row)
+        batch = batch.repeat_interleave(k, 0)
+        flags = None if flags is None else flags.repeat_interleave(k, 0)
     batch = batch.to(d.device)
     rows = d.rank * batch.shape[0] + np.arange(batch.shape[0])  # global row indices of this rank's sequences
     noise = boundary_noise(cfg.seed, step, rows, cfg.data.seq_len, d.device)  # (per_rank, T)
