@@ -87,3 +87,22 @@ def test_model_with_flex_equals_model_with_eager(unfused):
     ids = torch.randint(0, 256, (2, 48), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         torch.testing.assert_close(flex(ids).logits, eager(ids).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_lengths_share_one_padded_kernel_shape(unfused, monkeypatch):
+    """Token counts vary per batch: lengths are padded to a multiple of FLEX_BUCKET for the kernel (one block
+    mask, one compiled shape per bucket) and the result is unchanged."""
+    shapes = []
+    real = attention._flex_block_mask
+
+    def spy(T, window, device):
+        shapes.append(T)
+        return real(T, window, device)
+
+    monkeypatch.setattr(attention, "_flex_block_mask", spy)
+    for T in (37, 70, 128, 129):
+        q, k, v = _qkv(T=T)
+        out = attend(q, k, v, window=None, cap=50.0, backend="flex")
+        assert out.shape == q.shape
+        torch.testing.assert_close(out, reference_attention(q, k, v, window=None, cap=50.0), rtol=0, atol=1e-5)
+    assert shapes == [128, 128, 128, 256]

@@ -132,6 +132,13 @@ FLEX_CPU_TRAINING = ("--attn-backend flex cannot train on CPU: PyTorch's FlexAtt
                      "there (it evaluates and generates); use --attn-backend auto or eager")
 
 
+FLEX_BUCKET = 128
+"""Sequence lengths are padded to a multiple of this (FlexAttention's block size) before the kernel: the token
+level's length changes with every batch's boundaries, and a compiled kernel per exact length would recompile
+past torch.compile's cache limit and fall back to the unfused path. Padding sits after every real position, so
+the causal mask hides it; its outputs are dropped."""
+
+
 def flex_attention(q, k, v, window: int | None, cap: float) -> torch.Tensor:
     """Causal (sliding-window) soft-capped attention by FlexAttention. q, k, v: (B,H,T,dh) -> (B,H,T,dh).
     Forward and backward on CUDA; forward only on CPU (a PyTorch limitation)."""
@@ -140,11 +147,15 @@ def flex_attention(q, k, v, window: int | None, cap: float) -> torch.Tensor:
     if q.device.type == "cpu" and any(t.requires_grad for t in (q, k, v)):
         raise ValueError(FLEX_CPU_TRAINING)
 
-    mask = _flex_block_mask(q.shape[-2], window, q.device)
+    T = q.shape[-2]
+    pad = (-T) % FLEX_BUCKET
+    if pad:
+        q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
+    mask = _flex_block_mask(T + pad, window, q.device)
     score_mod = _softcap_mod(float(cap)) if cap > 0 else None
     # Inside a compiled model dynamo traces flex_attention itself; outside, the compiled wrapper is the kernel.
     fn = _flex_compiled() if FLEX_COMPILE and not torch.compiler.is_compiling() else flex_eager
-    return fn(q, k, v, score_mod=score_mod, block_mask=mask)
+    return fn(q, k, v, score_mod=score_mod, block_mask=mask)[..., :T, :]
 
 
 def resolve_backend(backend: str, cap: float, device: torch.device) -> str:
