@@ -17,12 +17,13 @@ import time
 from pathlib import Path
 
 ARMS: dict[str, list[str]] = {
-    # the learned policy: the small preset (D = 2, policy RMSNorm, gamma 0.9, normalised advantages, detached
-    # encoder, w = 0, mean pooling), and variants
+    # the learned policy: the small preset (D = 2, gamma 0.9, normalised advantages, detached encoder, w = 0,
+    # mean pooling), and variants
     "learned": [],
-    "learned-nonorm": ["--no-policy-norm"],
+    "learned-norm": ["--policy-norm"],  # the small preset before issue 17's screen
     "learned-D16": ["--logit-scale", "16"],
-    "learned-D16-nonorm": ["--logit-scale", "16", "--no-policy-norm"],
+    "learned-D16-norm": ["--logit-scale", "16", "--policy-norm"],
+    "learned-norm-noee": ["--policy-norm", "--early-loss-to-encoder", "never"],
     "learned-w1": ["--policy-window", "1"],
     "learned-noee": ["--early-loss-to-encoder", "never"],  # rewards from a probe; the encoder gets no L_early
     # K boundary samples per sequence with a leave-one-out baseline (a batch of 8 rows: 8/K distinct texts)

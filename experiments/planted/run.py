@@ -18,7 +18,7 @@ missing ones; it writes results.md.
 and the reference boundaries are SpaceByte's word boundaries.
 
     python experiments/planted/run.py run --data DATA/enwiki --out runs/planted/enwiki --bytes 6e6 \
-        --arms learned learned-nonorm learned-D16 learned-D16-nonorm uniform --seeds 0 1
+        --arms learned learned-norm learned-D16 learned-D16-norm uniform --seeds 0 1
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import arms  # noqa: E402  (experiments/arms.py: the arms, FLOPs matching, evaluation, paired statistics)
 
-PLANTED_ARMS = ["learned", "learned-nonorm", "learned-D16", "learned-D16-nonorm", "uniform", "uniform-random",
+PLANTED_ARMS = ["learned", "learned-norm", "learned-D16", "learned-D16-norm", "uniform", "uniform-random",
                 "whitespace", "hnet", "dynamic"]
 
 
