@@ -177,15 +177,15 @@ def mean_se(xs: list[float], digits: int = 4) -> str:
 
 
 def paired(rows: list[dict], arm: str, base: str, split: str = "test") -> str:
-    """base - arm in BPB, paired by seed at the same budget: mean, 95 % CI, and the reading (positive: the arm
-    is better; "tie" when the interval covers 0)."""
+    """base - arm in BPB, paired by seed at the same budget: mean, 95 % CI, and the reading, which names the
+    better of the two ("tie" when the interval covers 0)."""
     by = {(r["arm"], r["seed"]): r[split]["bpb"] for r in rows}
     d = [by[base, s] - by[arm, s] for (a, s) in by if a == arm and (base, s) in by]
     if len(d) < 2:
         return "—" if not d else f"{d[0]:+.4f} (1 seed)"
     m, se = statistics.mean(d), statistics.stdev(d) / math.sqrt(len(d))
     half = T95.get(len(d) - 1, 1.96) * se
-    verdict = "tie" if m - half <= 0 <= m + half else ("better" if m > 0 else "worse")
+    verdict = "tie" if m - half <= 0 <= m + half else f"{arm if m > 0 else base} better"
     return f"{m:+.4f} [{m - half:+.4f}, {m + half:+.4f}] {verdict} ({len(d)} seeds)"
 
 

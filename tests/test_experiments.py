@@ -34,7 +34,8 @@ def test_paired_differences_use_seeds_as_pairs_and_say_tie_when_the_interval_cov
     better = _rows("learned", [1.98, 2.08, 2.17])  # 0.02, 0.02, 0.03 better: consistent, so significant
     noisy = _rows("noisy", [1.90, 2.15, 2.20])  # +0.10, -0.05, 0.00: mean +0.017, interval covers 0
     rows = base + better + noisy
-    assert arms.paired(rows, "learned", "uniform").endswith("better (3 seeds)")
+    assert arms.paired(rows, "learned", "uniform").endswith("learned better (3 seeds)")
+    assert arms.paired(rows, "uniform", "learned").endswith("learned better (3 seeds)")  # names the winner
     assert arms.paired(rows, "learned", "uniform").startswith("+0.0233 [")
     assert "tie" in arms.paired(rows, "noisy", "uniform")
     assert arms.paired(rows, "uniform", "learned").startswith("-0.0233")
