@@ -32,7 +32,7 @@ import torch
 
 from learntok.boundaries import boundary_config
 from learntok.config import ModelConfig, OptimConfig
-from learntok.device import autocast, configure_matmul, resolve_device, resolve_precision
+from learntok.device import PRECISIONS, autocast, configure_matmul, resolve_device, resolve_precision
 from learntok.model.lm import ByteLM
 from learntok.presets import get_preset
 from learntok.train import make_optimizer
@@ -211,7 +211,7 @@ def main() -> None:
     ap.add_argument("--configs", nargs="+", default=["paper-147m", "30m"], choices=list(configs))
     ap.add_argument("--modes", nargs="+", default=["eager", "compiled"], choices=["eager", "compiled"])
     ap.add_argument("--device", default="auto")
-    ap.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16-mixed", "bf16"])
+    ap.add_argument("--precision", default="auto", choices=PRECISIONS)
     ap.add_argument("--micro-batch", type=int, default=0, help="override each config's micro-batch")
     ap.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds (median reported)")
     ap.add_argument("--steps", type=int, default=5, help="timed steps per round and runner")

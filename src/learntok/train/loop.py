@@ -96,7 +96,11 @@ def train(cfg: TrainConfig, *, log=print, on_eval: EvalHook | None = None) -> Ru
     if precision == "bf16":
         model.to(torch.bfloat16)
     model.activation_checkpointing = cfg.activation_checkpointing
-    batches, val_seqs = load_data(cfg, model, out, d, per_rank // model.boundary.samples_per_sequence, log)
+    k = model.boundary.samples_per_sequence  # rows per sequence; a group must not straddle micro-batches
+    if micro % k:
+        raise ValueError(f"--policy-samples {k} does not divide the {micro} rows of a micro-batch per process "
+                         "(each sequence's samples must sit in one micro-batch)")
+    batches, val_seqs = load_data(cfg, model, out, d, per_rank // k, log)
     val = val_batches_with_flags(val_seqs, micro, cfg.data.val_bytes)
     ckpt = open_run_dir(out, bool(cfg.resume), cfg.overwrite, d, log)
     state, optim_state, window_state = restore_state(ckpt, model, batches) if ckpt else (TrainState(), None, None)
@@ -226,10 +230,6 @@ def batch_split(cfg: TrainConfig, d: Dist) -> tuple[int, int, int]:
     micro = cfg.micro_batch_size or per_rank
     if per_rank % micro:
         raise ValueError(f"per-process batch {per_rank} is not a multiple of micro_batch_size={micro}")
-    k = getattr(cfg.boundary, "policy_samples", 1)  # rows per sequence; a group must not straddle micro-batches
-    if micro % k:
-        raise ValueError(f"--policy-samples {k} does not divide the {micro} rows of a micro-batch per process "
-                         "(each sequence's samples must sit in one micro-batch)")
     return per_rank, micro, per_rank // micro
 
 
