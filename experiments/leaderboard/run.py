@@ -1,13 +1,13 @@
 """A leaderboard of tokenizer-free methods on one U-Net at matched compute (docs/results.md, "Leaderboard").
 
     # every arm at a short budget (the FLOPs of 6 MB of `uniform`), 3 seeds
-    python experiments/leaderboard/run.py run --data ../shared/data/text/enwiki --out runs/leaderboard \
+    python experiments/leaderboard/run.py run --data DATA/enwiki --out runs/leaderboard \
         --bytes 6e6 --seeds 0 1 2
     # the headline pair at the small preset's budget, 5 seeds
-    python experiments/leaderboard/run.py run --data ../shared/data/text/enwiki --out runs/leaderboard \
+    python experiments/leaderboard/run.py run --data DATA/enwiki --out runs/leaderboard \
         --bytes 2.4e7 --seeds 0 1 2 3 4 --arms learned uniform
     # the matched-time view: 600 s of training per arm on a time schedule
-    python experiments/leaderboard/run.py run --data ../shared/data/text/enwiki --out runs/leaderboard \
+    python experiments/leaderboard/run.py run --data DATA/enwiki --out runs/leaderboard \
         --seconds 600 --seeds 0 1 --arms learned uniform flat bpe-lm
     python experiments/leaderboard/run.py report --out runs/leaderboard     # results.md and leaderboard.png
 
