@@ -30,7 +30,10 @@ def test_output_into_a_closed_pipe_is_quiet(argv):
     (["eval-data", "download"], "eval-data"),
     (["nosuchcommand"], "unknown command 'nosuchcommand'"),
 ])
-def test_bad_flags_are_one_line_before_the_data_is_read(tmp_path, capsys, argv, message):
+def test_bad_flags_are_one_line_before_the_data_is_read(tmp_path, monkeypatch, capsys, argv, message):
+    monkeypatch.chdir(tmp_path)  # where the README's first command has left runs/tiny: no note about it comes first
+    (tmp_path / "runs" / "tiny").mkdir(parents=True)
+    (tmp_path / "runs" / "tiny" / "metrics.jsonl").write_text("{}\n")
     missing = str(tmp_path / "no-such-data")
     argv = [a.replace("RUN", str(tmp_path)) for a in argv]
     if argv[0] == "train":
@@ -40,6 +43,7 @@ def test_bad_flags_are_one_line_before_the_data_is_read(tmp_path, capsys, argv, 
     first = err.strip().splitlines()[0]
     assert first.startswith("learntok: error:") and message in first and "Traceback" not in err
     assert "no-such-data" not in err
+    assert not (tmp_path / "runs" / "tiny-2").exists()
     if argv[0] != "nosuchcommand":  # (an unknown command also prints the usage)
         assert err.count("\n") == 1
 

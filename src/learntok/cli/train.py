@@ -128,7 +128,7 @@ def fresh_out(cfg):
 
 
 def cmd_train(argv: list[str]) -> int:
-    from learntok.train import train
+    from learntok.train import check_config, train
     from learntok.viz.boundary_map import preview_hook
 
     _, files = split_file_flags(argv)
@@ -139,8 +139,9 @@ def cmd_train(argv: list[str]) -> int:
         if files["--write-config"] != "-":
             print(f"wrote {files['--write-config']}", file=sys.stderr)
         return 0
-    cfg = fresh_out(parse_train_args(argv))
-    result = train(cfg, on_eval=preview_hook)
+    cfg = parse_train_args(argv)
+    check_config(cfg)  # a bad flag is the first line the user sees, before any note about --out
+    result = train(fresh_out(cfg), on_eval=preview_hook)
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun only rank 0 reports
         return 0
     if result.stopped:  # preempted: the checkpoint is saved, the job may be requeued
