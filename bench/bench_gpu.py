@@ -33,7 +33,7 @@ import torch
 from learntok.boundaries import boundary_config
 from learntok.config import ModelConfig, OptimConfig
 from learntok.device import PRECISIONS, autocast, configure_matmul, resolve_device, resolve_precision
-from learntok.model.lm import ByteLM
+from learntok.model.lm import COMPILE_BUCKET, ByteLM
 from learntok.presets import get_preset
 from learntok.train import make_optimizer
 from learntok.vocab import BOS
@@ -87,10 +87,12 @@ class Runner:
                  micro_batch: int | None = None):
         torch.manual_seed(0)
         self.device, self.precision = device, precision
-        self.model = ByteLM(bc.model, boundary_config(strategy)).to(device).train()
+        mcfg = replace(bc.model, token_bucket=bc.model.token_bucket or COMPILE_BUCKET) if compile else bc.model
+        self.model = ByteLM(mcfg, boundary_config(strategy)).to(device).train()
         if precision == "bf16":
             self.model.to(torch.bfloat16)
-        self.fwd = torch.compile(self.model) if compile else self.model
+        if compile:  # static token shapes: one compiled graph per bucket (docs/gpu.md)
+            self.model.compile_stages()
         self.opt = make_optimizer(self.model, OptimConfig(), fused=device.type == "cuda")
         B, T = micro_batch or bc.micro_batch, bc.seq_len
         g = torch.Generator().manual_seed(0)
@@ -101,8 +103,9 @@ class Runner:
         self.bytes, self.rows, self.tokens = B * T, B, 0.0
 
     def step(self) -> None:
+        noise = torch.rand(self.ids.shape, generator=self.gen, device=self.device)  # as training draws them
         with autocast(self.precision, self.device):
-            out = self.fwd(self.ids, self.targets, generator=self.gen)
+            out = self.model(self.ids, self.targets, noise=noise)
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.opt.step()

@@ -20,13 +20,14 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from dataclasses import replace
 
 import torch
 
 import learntok.boundaries.learned as learned_mod
 from learntok.boundaries import boundary_config
 from learntok.config import ModelConfig, OptimConfig
-from learntok.model.lm import ByteLM
+from learntok.model.lm import COMPILE_BUCKET, ByteLM
 from learntok.train import make_optimizer
 from learntok.vocab import BOS
 
@@ -49,7 +50,9 @@ def _timed_sample(*args, **kw):
     return out
 
 
-learned_mod.sample_window_policy = _timed_sample
+def time_the_sampler() -> None:
+    """Route the learned policy's sampler through a timer (eager runs only: a compiled stage traces it)."""
+    learned_mod.sample_window_policy = _timed_sample
 
 
 class Runner:
@@ -57,8 +60,11 @@ class Runner:
 
     def __init__(self, mcfg: ModelConfig, strategy: str, B: int, T: int, compile: bool):
         torch.manual_seed(0)
+        if compile:  # static token shapes: one compiled graph per bucket (docs/gpu.md)
+            mcfg = replace(mcfg, token_bucket=mcfg.token_bucket or COMPILE_BUCKET)
         self.model = ByteLM(mcfg, boundary_config(strategy)).train()
-        self.fwd = torch.compile(self.model) if compile else self.model
+        if compile:
+            self.model.compile_stages()
         self.opt = make_optimizer(self.model, OptimConfig())
         g = torch.Generator().manual_seed(0)
         seq = torch.randint(32, 127, (B, T + 1), generator=g)  # printable ASCII: realistic byte range
@@ -67,7 +73,8 @@ class Runner:
         self.bytes = B * T
 
     def step(self) -> None:
-        out = self.fwd(self.ids, self.targets, generator=self.gen)
+        noise = torch.rand(self.ids.shape, generator=self.gen)  # boundary uniforms, as training draws them
+        out = self.model(self.ids, self.targets, noise=noise)
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.opt.step()
@@ -83,6 +90,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps per runner (use ~8 with --compile)")
     args = ap.parse_args()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, compile={args.compile}")
+    if not args.compile:
+        time_the_sampler()
     print(f"{'config':18s} {'strategy':9s} {'bytes/s':>9s} {'vs authors':>10s} {'learned/uniform':>16s} "
           f"{'sampling share':>15s}")
     for name in args.configs:

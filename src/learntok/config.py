@@ -61,6 +61,11 @@ class ModelConfig:
     """Attention kernel: eager (pure PyTorch, supports soft-capping), sdpa (PyTorch fused; only without the
     attention soft-cap), flex (FlexAttention, fused with the soft-cap under torch.compile), auto (flex on CUDA;
     on CPU sdpa when attn_softcap == 0, else eager)."""
+    token_bucket: int = 0
+    """Token-level length: 0 = each batch's exact largest token count, the token level packed to the real
+    tokens (fewest FLOPs; the shape changes every batch); N = that count rounded up to a multiple of N, the
+    padded slots computed and ignored (static shapes, so --compile builds one graph per bucket). Results are the
+    same either way; this is an execution choice, not a change of model."""
     lambda_early: float = 1e-1
     """Weight of the early-exit head's language-modelling loss (eq. 27)."""
     code_loss_weights: bool = False
@@ -77,6 +82,8 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
             raise ValueError(f"d_model={self.d_model} must split into n_heads={self.n_heads} heads of even size")
+        if self.token_bucket < 0:
+            raise ValueError(f"token_bucket must be >= 0, got {self.token_bucket}")
         if min(self.n_down, self.n_up) < 1 or self.n_mid < 0 or self.byte_window < 1:
             raise ValueError("n_down and n_up must be >= 1, n_mid >= 0 and byte_window >= 1")
 
@@ -187,8 +194,8 @@ class TrainConfig(Generic[B]):
     """Recompute each transformer block's activations in the backward pass instead of storing them: less
     memory for long sequences, about one more forward pass of compute."""
     compile: bool = False
-    """torch.compile the model (1.05-1.2x per step on a 2-core CPU after about a minute of compiling;
-    bench/README.md)."""
+    """torch.compile the model's two training stages (encoder + boundaries; the rest + losses), with
+    --token-bucket N for static shapes (one graph per bucket; docs/gpu.md). Evaluation runs eagerly."""
     threads: int = 0
     """CPU threads for PyTorch (0 = PyTorch's default)."""
     log_every: int = 10

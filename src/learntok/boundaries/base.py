@@ -205,10 +205,12 @@ class BoundaryStrategy(nn.Module):
         if given (tests inject it), else drawn from `generator`; prescribed (B,T) bool flags from `annotate`."""
         raise NotImplementedError
 
-    def downsample(self, x: torch.Tensor, out: BoundaryOutput) -> Tokens:
+    def downsample(self, x: torch.Tensor, out: BoundaryOutput, size: int | None = None) -> Tokens:
+        """Tokens from the encoder output x (B,T,D) at `out.mask`; size: token slots M (None = the largest
+        count; the U-Net passes a bucketed one under --token-bucket)."""
         if self.mean_pooling:
-            return mean_pool(x, out.mask, out.mask.float())
-        return select(x, out.mask)
+            return mean_pool(x, out.mask, out.mask.float(), size)
+        return select(x, out.mask, size)
 
     def upsample(self, y_tok: torch.Tensor, x: torch.Tensor, tokens: Tokens, out: BoundaryOutput) -> torch.Tensor:
         return distribute_add(y_tok, x, tokens)

@@ -138,11 +138,11 @@ class DynamicPooling(BoundaryStrategy):
         return DynamicOutput(mask=mask, probs=probs, logits=logits.masked_fill(forced, 100.0), free=~forced,
                              ste=ste)
 
-    def downsample(self, x: torch.Tensor, out: BoundaryOutput) -> Tokens:
+    def downsample(self, x: torch.Tensor, out: BoundaryOutput, size: int | None = None) -> Tokens:
         """Mean pooling with the straight-through gradient path (default), or select (pooling = "select")."""
         if self.cfg.pooling == "select":
-            return select(x, out.mask)
-        return mean_pool(x, out.mask, out.ste)
+            return select(x, out.mask, size)
+        return mean_pool(x, out.mask, out.ste, size)
 
     def step(self, x_t, ids_t, t, state):
         logit = self.mlp(self.norm(x_t)).squeeze(-1).float()  # (B,)

@@ -167,4 +167,4 @@ class EntropyBoundaries(BoundaryStrategy):
         mask[:, 0] = True
         if self.cfg.force_last:
             mask[:, -1] = True
-        return BoundaryOutput(mask=mask, probs=mask.float(), stats={"boundary/entropy": float(h.mean())})
+        return BoundaryOutput(mask=mask, probs=mask.float(), stats={"boundary/entropy": h.mean().detach()})

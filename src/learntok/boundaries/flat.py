@@ -30,8 +30,8 @@ class FlatBoundaries(BoundaryStrategy):
         mask = torch.ones(ids.shape, dtype=torch.bool, device=ids.device)
         return BoundaryOutput(mask=mask, probs=mask.float())
 
-    def downsample(self, x: torch.Tensor, out: BoundaryOutput) -> Tokens:
-        B, T, _ = x.shape
+    def downsample(self, x: torch.Tensor, out: BoundaryOutput, size: int | None = None) -> Tokens:
+        B, T, _ = x.shape  # every byte is a token: T slots, static already
         pos = torch.arange(T, device=x.device).expand(B, T)
         return Tokens(x=x, pos=pos, count=torch.full((B,), T, device=x.device), index=pos)
 

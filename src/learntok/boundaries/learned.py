@@ -33,6 +33,7 @@ from learntok.boundaries.reinforce import (
     batch_relative_advantage,
     discounted_returns,
     leave_one_out_advantage,
+    masked_std,
     sample_window_policy,
     window_logits,
 )
@@ -196,7 +197,7 @@ class LearnedBoundaries(BoundaryStrategy):
             "loss/target": cfg.lambda_target * target,
             "boundary/p_mean": p_mean.detach(),
             "boundary/neg_log_pi": (-(out.log_prob.detach() * kf).sum() / n),
-            "reinforce/adv_std": adv[keep].std().detach() if keep.sum() > 1 else torch.zeros(()),
+            "reinforce/adv_std": masked_std(adv.detach(), kf),
             "reinforce/reward_mean": (r * kf).sum() / n,
             **extra,
         }

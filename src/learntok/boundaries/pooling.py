@@ -26,12 +26,14 @@ class Tokens:
     """(B,T) long: c(t) = (sum_{k<=t} a_k) - 1, the token each byte reads back from."""
 
 
-def select(x: torch.Tensor, mask: torch.Tensor) -> Tokens:
-    """Downsample by selection (eq. 7-9): token j is X at the j-th boundary. x (B,T,D), mask (B,T) bool."""
+def select(x: torch.Tensor, mask: torch.Tensor, size: int | None = None) -> Tokens:
+    """Downsample by selection (eq. 7-9): token j is X at the j-th boundary. x (B,T,D), mask (B,T) bool.
+    size: token slots M (at least every row's count; the static shape of --token-bucket); None = the largest
+    count, read from the device."""
     B, T, D = x.shape
     index = mask.long().cumsum(1) - 1  # (B,T) c(t); int64 so counts stay exact (bf16 would not)
     count = index[:, -1] + 1  # (B,)
-    M = int(count.max())
+    M = int(count.max()) if size is None else size
     # Scatter each boundary's byte index to its token slot; non-boundaries go to a spill column M.
     slot = torch.where(mask, index, torch.full_like(index, M))  # (B,T)
     pos = torch.zeros(B, M + 1, dtype=torch.long, device=x.device)
@@ -41,15 +43,15 @@ def select(x: torch.Tensor, mask: torch.Tensor) -> Tokens:
     return Tokens(x=xt, pos=pos, count=count, index=index)
 
 
-def mean_pool(x: torch.Tensor, mask: torch.Tensor, ste: torch.Tensor) -> Tokens:
+def mean_pool(x: torch.Tensor, mask: torch.Tensor, ste: torch.Tensor, size: int | None = None) -> Tokens:
     """Mean pooling (Nawrot et al.; `dynamic`, and `--pooling mean` for every select-based strategy).
     Token j = mean of X over group j (the bytes after boundary j-1 up to boundary j), with Nawrot's
     gradient path to the straight-through boundaries `ste` (B,T). x (B,T,D), mask (B,T) bool.
 
     Hard indices come from the int64 count of `mask`; the weights from the fp32 cumsum of `ste` (a bf16
-    cumsum of ones is exact only to 256). Padding rows (j >= count) are zero."""
+    cumsum of ones is exact only to 256). Padding rows (j >= count) are zero. size: as `select`'s."""
     B, T, D = x.shape
-    tok = select(x, mask)  # pos (RoPE positions), count, index c(t); tok.x is replaced below
+    tok = select(x, mask, size)  # pos (RoPE positions), count, index c(t); tok.x is replaced below
     M = tok.pos.shape[1]
     group = tok.index + 1 - mask.long()  # (B,T) g(t) = sum_{i<t} a_i: a boundary ends its group
     done = group < tok.count.unsqueeze(1)  # (B,T) False for the unfinished group after the last boundary

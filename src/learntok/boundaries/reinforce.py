@@ -34,22 +34,29 @@ def window_logits(base: torch.Tensor, coef: torch.Tensor, a: torch.Tensor) -> to
     return base + (previous_boundaries(a, coef.shape[-1]) * coef).sum(-1)
 
 
-@torch.compiler.disable  # a data-dependent loop: run it eagerly inside a compiled model
 @torch.no_grad()
 def sample_window_policy(base: torch.Tensor, coef: torch.Tensor, u: torch.Tensor, forced: torch.Tensor,
-                         cap: float) -> tuple[torch.Tensor, int]:
+                         cap: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample a_t = [u_t < sigmoid(softcap(l_t))] (or forced) for all t at once.
 
     a_t depends on a_{<t} only, so the map F(a)_t = [u_t < sigmoid(softcap(l_t(a_{<t})))] has exactly one
     fixed point: the sequentially sampled sequence. Jacobi iteration a <- F(a) reaches it, and once F(a)
     equals a we have it exactly. Iteration k fixes at least the first k positions, so it stops after at most
     T + 1 rounds; in practice the policy's dependence on earlier boundaries is small (1/D scaling) and a few
-    rounds suffice. Returns (a bool (B,T), rounds used as a 0-dim tensor: a compiled caller then does not
-    specialise on its value).
+    rounds suffice. With w = 0 (coef (B,T,0)) the decisions are independent and one round is exact, with no
+    data-dependent loop, so torch.compile traces it whole. Returns (a bool (B,T), rounds used as a 0-dim
+    tensor: a compiled caller then does not specialise on its value).
     """
     a = forced | (u < torch.sigmoid(softcap(base, cap)))
+    if coef.shape[-1] == 0:
+        return a, torch.ones(())
+    return _jacobi_rounds(base, coef, u, forced, cap, a)
+
+
+@torch.compiler.disable  # a data-dependent loop (one host read per round): eager inside a compiled model
+def _jacobi_rounds(base, coef, u, forced, cap, a):
     rounds = 1
-    while coef.shape[-1] > 0 and rounds <= a.shape[1]:
+    while rounds <= a.shape[1]:
         rounds += 1
         new = forced | (u < torch.sigmoid(softcap(window_logits(base, coef, a), cap)))
         if torch.equal(new, a):
@@ -109,6 +116,14 @@ def reference_returns(r: torch.Tensor, gamma: float) -> torch.Tensor:
         acc = r[:, t] + gamma * acc
         g[:, t] = acc
     return g
+
+
+def masked_std(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Sample standard deviation of x over entries with weight 1 (0 with fewer than two): `x[mask].std()`
+    without a data-dependent shape or branch, so a compiled step does not break its graph."""
+    n = weight.sum()
+    mean = (x * weight).sum() / n.clamp(min=1)
+    return (((x - mean) ** 2 * weight).sum() / (n - 1).clamp(min=1)).sqrt()
 
 
 def batch_relative_advantage(g: torch.Tensor, valid: torch.Tensor, mean: torch.Tensor | None = None) -> torch.Tensor:

@@ -33,6 +33,9 @@ from learntok.nn.cache import KVCache
 from learntok.nn.layers import Block, Packing, RMSNorm, rope_tables, run_block
 from learntok.vocab import IGNORE, VOCAB_SIZE
 
+COMPILE_BUCKET = 64
+"""--token-bucket that --compile uses when none is given: static token-level shapes, at most 64 padded slots."""
+
 
 @dataclass
 class ModelOutput:
@@ -79,6 +82,8 @@ class ByteLM(nn.Module):
         self.cfg, self.bcfg = cfg, bcfg
         self.activation_checkpointing = False
         """Set by training (--activation-checkpointing): recompute block activations in the backward pass."""
+        self._compiled: tuple | None = None
+        """The compiled (stage 1, stage 2) of `forward` after `compile_stages`, else None (eager)."""
         backend = cfg.attn_backend  # "auto" is resolved per call, on the device of the inputs
         d, H = cfg.d_model, cfg.n_heads
         byte_hidden, tok_hidden = round(cfg.byte_mlp_mult * d), round(cfg.token_mlp_mult * d)
@@ -146,20 +151,48 @@ class ByteLM(nn.Module):
         batch_stats: reducer to global-batch statistics for the estimator (learntok.train.parallel);
         boundaries: (B,T) bool flags that replace the strategy's draw (diagnostics, e.g. boundary sensitivity;
         position 0 is always a boundary)."""
-        rope_byte = self._rope(torch.arange(ids.shape[1], device=ids.device))
-        x = self.encode(ids)  # (B,T,D)
-        out = self.boundary.propose(x, ids, noise=noise, generator=generator, prescribed=prescribed)
+        # Compiled stages train; evaluation and scoring run eagerly (no graphs for eval mode or other lengths).
+        stage1, stage2 = self._compiled if self._compiled and self.training else (self._propose, self._finish)
+        x, out = stage1(ids, noise, generator, prescribed)
         if boundaries is not None:
             out = override_boundaries(out, boundaries)
-        tokens = self.boundary.downsample(x, out)  # x: (B,M,D)
-        # Sequences have different token counts: the token level runs on the real tokens only (packed), and
-        # pads just for attention, where padding after the real tokens is hidden by causality.
-        packing = Packing.from_counts(tokens.count, tokens.x.shape[1])
-        y = packing.pack(tokens.x)  # (N,D)
-        rope_tok = self._rope(packing.pack(tokens.pos))  # RoPE at the boundaries' byte indices (1,N,dh/2)
-        for blk in self.mid:
-            y = self._block(blk, y, rope_tok, packing)  # (N,D)
-        h = self.boundary.upsample(packing.unpack(y), x, tokens, out)  # (B,T,D)
+        return stage2(ids, x, out, targets, self.token_slots(out.mask), batch_stats)
+
+    def _propose(self, ids, noise, generator, prescribed) -> tuple[torch.Tensor, BoundaryOutput]:
+        """Stage 1: encoder and boundaries."""
+        x = self.encode(ids)  # (B,T,D)
+        return x, self.boundary.propose(x, ids, noise=noise, generator=generator, prescribed=prescribed)
+
+    def token_slots(self, mask: torch.Tensor) -> int | None:
+        """The token level's static length under --token-bucket N: the batch's largest token count rounded up
+        to a multiple of N (at most T), the one value a step reads back from the device; None without it (the
+        exact count, packed)."""
+        n = self.cfg.token_bucket
+        if not n:
+            return None
+        return min(-(-int(mask.sum(1).max()) // n) * n, mask.shape[1])
+
+    def _finish(self, ids, x, out, targets, size, batch_stats) -> ModelOutput:
+        """Stage 2: downsample, token level, upsample, decoder, heads and losses. size: token slots (static
+        shapes, padded token level) or None (exact count, packed token level)."""
+        rope_byte = self._rope(torch.arange(ids.shape[1], device=ids.device))
+        tokens = self.boundary.downsample(x, out, size)  # x: (B,M,D)
+        if size is None:
+            # Sequences have different token counts: the token level runs on the real tokens only (packed),
+            # and pads just for attention, where padding after the real tokens is hidden by causality.
+            packing = Packing.from_counts(tokens.count, tokens.x.shape[1])
+            y = packing.pack(tokens.x)  # (N,D)
+            rope_tok = self._rope(packing.pack(tokens.pos))  # RoPE at the boundaries' byte indices (1,N,dh/2)
+            for blk in self.mid:
+                y = self._block(blk, y, rope_tok, packing)  # (N,D)
+            y = packing.unpack(y)
+        else:
+            # Static shapes: all M slots run; padding slots sit after every real token (causality hides them)
+            # and no byte reads them back, so they change nothing but the FLOPs.
+            y, rope_tok = tokens.x, self._rope(tokens.pos)  # (B,M,D), RoPE tables (B,1,M,dh/2)
+            for blk in self.mid:
+                y = self._block(blk, y, rope_tok)
+        h = self.boundary.upsample(y, x, tokens, out)  # (B,T,D)
         for blk in self.up:
             h = self._block(blk, h, rope_byte)
         logits = self._head(self.norm_out, self.head, h)  # (B,T,V)
@@ -167,6 +200,20 @@ class ByteLM(nn.Module):
         if targets is not None:
             self._losses(result, x, targets, batch_stats)
         return result
+
+    def compile_stages(self, **options) -> None:
+        """torch.compile the two stages of `forward` (`options` go to torch.compile). Between them the step reads
+        one number from the device, the bucketed token count (`token_slots`), so each stage has static shapes
+        under --token-bucket: stage 2 compiles once per bucket, and the strategies the paper trains (learned with
+        w = 0, uniform) trace without a graph break (tests/test_compile.py)."""
+        import torch._dynamo
+
+        # One stage-2 graph per bucket (up to T / N of them) must fit the recompilation limit.
+        n = self.cfg.token_bucket
+        cfg = torch._dynamo.config
+        cfg.recompile_limit = max(cfg.recompile_limit, 8 + (4096 // n if n else 0))
+        options = {"dynamic": False if n else None, **options}  # a graph per bucket, not one symbolic length
+        self._compiled = (torch.compile(self._propose, **options), torch.compile(self._finish, **options))
 
     def _losses(self, res: ModelOutput, x: torch.Tensor, targets: torch.Tensor, batch_stats=None) -> None:
         """L = w_auto L_auto + lambda_early L_early + strategy terms (eq. 27); all per-byte means."""

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from learntok.bpb import LN2
 from learntok.train.parallel import Dist, reduce_means
@@ -43,29 +44,36 @@ class StepMetrics:
         self._step: dict[str, float] = defaultdict(float)
 
     def add_micro(self, out, accum: int) -> None:
-        """Add one micro-batch's `ModelOutput`, weighted 1/accum, to the current step."""
-        for k, v in out.terms.items():
-            self._step[k] += float(v.detach()) / accum
-        for k, v in out.boundaries.stats.items():
-            self._step[k] += float(v) / accum
-        self._step["boundary/rate"] += float(out.boundaries.mask.float().mean()) / accum
-        self._step["boundary/max_tokens"] = max(self._step["boundary/max_tokens"], float(out.n_tokens.max()))
+        """Add one micro-batch's `ModelOutput`, weighted 1/accum, to the current step. The figures stay on the
+        device (no synchronisation per step); `window` and `state_dict` read them."""
+        for k, v in {**out.terms, **out.boundaries.stats}.items():
+            self._step[k] = self._step[k] + (v.detach().float() if torch.is_tensor(v) else v) / accum
+        self._step["boundary/rate"] = self._step["boundary/rate"] + out.boundaries.mask.float().mean() / accum
+        n = out.n_tokens.max().float()
+        self._step["boundary/max_tokens"] = torch.maximum(torch.as_tensor(self._step["boundary/max_tokens"],
+                                                                          device=n.device), n)
 
     def end_step(self, grad_norm: float, applied: bool = True) -> None:
         """Close the current step: add its figures to the window, or only count it when its update was skipped."""
         if applied:
             for k, v in self._step.items():
-                self.sums[k] = max(self.sums[k], v) if k in MAX_KEYS else self.sums[k] + v
+                if k in MAX_KEYS:
+                    self.sums[k] = torch.maximum(torch.as_tensor(self.sums[k], device=v.device), v)
+                else:
+                    self.sums[k] = self.sums[k] + v
             self.sums["train/grad_norm"] += grad_norm
             self.steps += 1
         else:
             self.skipped += 1
         self._step.clear()
 
+    def _sums(self) -> dict[str, float]:
+        return {k: float(v) for k, v in self.sums.items()}
+
     def window(self, d: Dist, now: tuple[float, int]) -> dict[str, float]:
         """The window's means (maxima for MAX_KEYS) over all ranks, and its throughput up to `now` (training
         seconds, bytes seen); then start a new window."""
-        rec = {k: v if k in MAX_KEYS else v / max(self.steps, 1) for k, v in self.sums.items()}
+        rec = {k: v if k in MAX_KEYS else v / max(self.steps, 1) for k, v in self._sums().items()}
         rec = reduce_means(rec, d, MAX_KEYS)
         if "loss/auto" in rec:
             rec["train/bpb"] = rec["loss/auto"] / LN2
@@ -80,7 +88,7 @@ class StepMetrics:
     def state_dict(self, d: Dist) -> dict:
         """The open window, agreed over ranks (collective: every rank calls it; rank means of the sums, which
         the ranks' later sums add to linearly)."""
-        sums = reduce_means(dict(self.sums), d, MAX_KEYS) if self.sums else {}
+        sums = reduce_means(self._sums(), d, MAX_KEYS) if self.sums else {}
         return {"sums": sums, "steps": self.steps, "skipped": self.skipped, "start": list(self.start)}
 
     def load_state_dict(self, sd: dict) -> None:

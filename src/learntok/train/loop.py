@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NamedTuple
 
@@ -26,7 +26,7 @@ from learntok.data.stream import StreamBatches, open_stream
 from learntok.device import autocast, configure_matmul, resolve_precision
 from learntok.errors import TrainingError
 from learntok.model import build_model
-from learntok.model.lm import ByteLM
+from learntok.model.lm import COMPILE_BUCKET, ByteLM
 from learntok.nn.attention import FLEX_CPU_TRAINING
 from learntok.train.logs import Sinks, StepMetrics
 from learntok.train.parallel import (
@@ -92,7 +92,10 @@ def train(cfg: TrainConfig, *, log=print, on_eval: EvalHook | None = None) -> Ru
     torch.manual_seed(cfg.seed)
     precision = resolve_precision(cfg.precision, d.device)
     configure_matmul(precision, d.device)
-    model = build_model(cfg.model, cfg.boundary).to(d.device)
+    mcfg = cfg.model
+    if cfg.compile and not mcfg.token_bucket:  # static token shapes, or a recompilation per token count
+        mcfg = replace(mcfg, token_bucket=COMPILE_BUCKET)
+    model = build_model(mcfg, cfg.boundary).to(d.device)
     if precision == "bf16":
         model.to(torch.bfloat16)
     model.activation_checkpointing = cfg.activation_checkpointing
@@ -116,7 +119,8 @@ def train(cfg: TrainConfig, *, log=print, on_eval: EvalHook | None = None) -> Ru
     log(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, matrix params (byte, token) "
         f"= {model.matrix_params()}, boundaries={cfg.boundary.boundaries}, device={d.device}, processes={d.world}, "
         f"accumulation={accum}")
-    fwd = torch.compile(wrapped) if cfg.compile else wrapped
+    if cfg.compile:
+        model.compile_stages()  # the wrapper's forward calls them: DDP's hooks stay outside the graphs
     evaluates = d.is_main or sharded  # FSDP's forward is collective: every rank evaluates
     steps = total_steps(cfg)
     bytes_per_step = cfg.batch_size * cfg.data.seq_len
@@ -176,7 +180,7 @@ def train(cfg: TrainConfig, *, log=print, on_eval: EvalHook | None = None) -> Ru
                            cfg.time_budget)
                 for group in opt.param_groups:
                     group["lr"] = lr
-                tokens, bad = train_step(cfg, model, wrapped, fwd, opt, batches, state.step, d, micro, accum, window)
+                tokens, bad = train_step(cfg, model, wrapped, opt, batches, state.step, d, micro, accum, window)
                 state.step += 1
                 state.bytes_seen += bytes_per_step
                 state.tokens_seen += tokens
@@ -262,7 +266,7 @@ def load_data(cfg: TrainConfig, model: ByteLM, out: Path, d: Dist, per_rank: int
     return BatchIterator(train, per_rank, cfg.seed, rank=d.rank, world_size=d.world), val
 
 
-def train_step(cfg: TrainConfig, model: ByteLM, wrapped, fwd, opt, batches: BatchIterator, step: int, d: Dist,
+def train_step(cfg: TrainConfig, model: ByteLM, wrapped, opt, batches: BatchIterator, step: int, d: Dist,
                micro: int, accum: int, window: StepMetrics) -> tuple[int, str]:
     """One optimizer update on this process's rows of the next global batch. Returns the tokens the whole update
     formed (all processes) and "" or, when the update was skipped because a loss or the gradient norm was not
@@ -286,20 +290,24 @@ def train_step(cfg: TrainConfig, model: ByteLM, wrapped, fwd, opt, batches: Batc
                 model(mb.ids, mb.targets, noise=mb.noise, prescribed=mb.prescribed, batch_stats=recorder)
 
     reducer = stats_reducer(d, accum, pre_pass) if model.boundary.uses_rewards else None
-    tokens, losses = 0, []
+    tokens, losses = [], []
     for i, mb in enumerate(parts):
         sync = contextlib.nullcontext()
         if d.active and cfg.parallel == "ddp" and i < accum - 1:
             sync = wrapped.no_sync()  # gradients are all-reduced once, after the last micro-step
         with sync:  # one context for forward and backward (a no_sync context is entered once)
             with mixed:
-                out = fwd(mb.ids, mb.targets, noise=mb.noise, prescribed=mb.prescribed, batch_stats=reducer)
+                out = wrapped(mb.ids, mb.targets, noise=mb.noise, prescribed=mb.prescribed, batch_stats=reducer)
             (out.loss / accum).backward()
-        tokens += int(out.n_tokens.sum())
-        losses.append(float(out.loss.detach()))
-        window.add_micro(out, accum)
+        tokens.append(out.n_tokens.sum())
+        losses.append(out.loss.detach())
+        window.add_micro(out, accum)  # on the device: read at log intervals
     clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip))
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+    if hasattr(norm, "full_tensor"):  # FSDP2: a DTensor over the shards
+        norm = norm.full_tensor()
+    # The step's one read from the device (besides --token-bucket's count): skip a non-finite update.
+    grad_norm, *losses, n_tokens = torch.stack([t.double() for t in (norm, *losses, sum(tokens))]).tolist()
     finite = math.isfinite(grad_norm) and all(map(math.isfinite, losses))
     if d.active:  # skip on every rank or on none
         finite = not bool(all_reduce_max(torch.tensor(float(not finite)), d))
@@ -308,4 +316,4 @@ def train_step(cfg: TrainConfig, model: ByteLM, wrapped, fwd, opt, batches: Batc
     opt.zero_grad(set_to_none=True)
     window.end_step(grad_norm, applied=finite)
     bad = "" if finite else f"loss {', '.join(f'{v:g}' for v in losses)}, gradient norm {grad_norm:g}"
-    return int(all_reduce_sum(torch.tensor(tokens, dtype=torch.float64), d)), bad
+    return int(all_reduce_sum(torch.tensor(n_tokens, dtype=torch.float64), d)), bad
