@@ -194,8 +194,9 @@ class TrainConfig(Generic[B]):
     """Recompute each transformer block's activations in the backward pass instead of storing them: less
     memory for long sequences, about one more forward pass of compute."""
     compile: bool = False
-    """torch.compile the model's two training stages (encoder + boundaries; the rest + losses), with
-    --token-bucket N for static shapes (one graph per bucket; docs/gpu.md). Evaluation runs eagerly."""
+    """torch.compile the model's two training stages (encoder + boundaries; the rest + losses) with static
+    token shapes: --token-bucket N, 64 when not given (one graph per bucket; docs/gpu.md). Evaluation runs
+    eagerly."""
     threads: int = 0
     """CPU threads for PyTorch (0 = PyTorch's default)."""
     log_every: int = 10
