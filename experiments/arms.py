@@ -25,9 +25,9 @@ ARMS: dict[str, list[str]] = {
     "learned-D16-norm": ["--logit-scale", "16", "--policy-norm"],
     "learned-norm-noee": ["--policy-norm", "--early-loss-to-encoder", "never"],
     "learned-w1": ["--policy-window", "1"],
-    "learned-noee": ["--early-loss-to-encoder", "never"],
+    "learned-noee": ["--early-loss-to-encoder", "never"],  # rewards from a probe; the encoder gets no L_early
     "learned-vb": ["--value-baseline"],  # a learned state baseline V(X_t) subtracted from G_t (unbiased)
-    "learned-w1-vb": ["--policy-window", "1", "--value-baseline"],  # rewards from a probe; the encoder gets no L_early
+    "learned-w1-vb": ["--policy-window", "1", "--value-baseline"],
     # K boundary samples per sequence with a leave-one-out baseline (a batch of 8 rows: 8/K distinct texts)
     "learned-k2": ["--policy-samples", "2"],
     "learned-k4": ["--policy-samples", "4"],
