@@ -33,7 +33,7 @@ import torch
 from learntok.boundaries import boundary_config
 from learntok.config import ModelConfig, OptimConfig
 from learntok.device import PRECISIONS, autocast, configure_matmul, resolve_device, resolve_precision
-from learntok.model.lm import COMPILE_BUCKET, ByteLM
+from learntok.model.lm import ByteLM
 from learntok.presets import get_preset
 from learntok.train import make_optimizer
 from learntok.vocab import BOS
@@ -87,8 +87,7 @@ class Runner:
                  micro_batch: int | None = None):
         torch.manual_seed(0)
         self.device, self.precision = device, precision
-        mcfg = replace(bc.model, token_bucket=bc.model.token_bucket or COMPILE_BUCKET) if compile else bc.model
-        self.model = ByteLM(mcfg, boundary_config(strategy)).to(device).train()
+        self.model = ByteLM(bc.model, boundary_config(strategy)).to(device).train()
         if precision == "bf16":
             self.model.to(torch.bfloat16)
         if compile:  # static token shapes: one compiled graph per bucket (docs/gpu.md)

@@ -20,14 +20,13 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from dataclasses import replace
 
 import torch
 
 import learntok.boundaries.learned as learned_mod
 from learntok.boundaries import boundary_config
 from learntok.config import ModelConfig, OptimConfig
-from learntok.model.lm import COMPILE_BUCKET, ByteLM
+from learntok.model.lm import ByteLM
 from learntok.train import make_optimizer
 from learntok.vocab import BOS
 
@@ -60,10 +59,8 @@ class Runner:
 
     def __init__(self, mcfg: ModelConfig, strategy: str, B: int, T: int, compile: bool):
         torch.manual_seed(0)
-        if compile:  # static token shapes: one compiled graph per bucket (docs/gpu.md)
-            mcfg = replace(mcfg, token_bucket=mcfg.token_bucket or COMPILE_BUCKET)
         self.model = ByteLM(mcfg, boundary_config(strategy)).train()
-        if compile:
+        if compile:  # static token shapes: one compiled graph per bucket (docs/gpu.md)
             self.model.compile_stages()
         self.opt = make_optimizer(self.model, OptimConfig())
         g = torch.Generator().manual_seed(0)

@@ -84,6 +84,9 @@ class ByteLM(nn.Module):
         """Set by training (--activation-checkpointing): recompute block activations in the backward pass."""
         self._compiled: tuple | None = None
         """The compiled (stage 1, stage 2) of `forward` after `compile_stages`, else None (eager)."""
+        self.token_bucket = cfg.token_bucket
+        """Rounding of the token level's length (`token_slots`): --token-bucket, or COMPILE_BUCKET once
+        `compile_stages` has run without one."""
         backend = cfg.attn_backend  # "auto" is resolved per call, on the device of the inputs
         d, H = cfg.d_model, cfg.n_heads
         byte_hidden, tok_hidden = round(cfg.byte_mlp_mult * d), round(cfg.token_mlp_mult * d)
@@ -167,7 +170,7 @@ class ByteLM(nn.Module):
         """The token level's static length under --token-bucket N: the batch's largest token count rounded up
         to a multiple of N (at most T), the one value a step reads back from the device; None without it (the
         exact count, packed)."""
-        n = self.cfg.token_bucket
+        n = self.token_bucket
         if not n:
             return None
         return min(-(-int(mask.sum(1).max()) // n) * n, mask.shape[1])
@@ -203,16 +206,16 @@ class ByteLM(nn.Module):
 
     def compile_stages(self, **options) -> None:
         """torch.compile the two stages of `forward` (`options` go to torch.compile). Between them the step reads
-        one number from the device, the bucketed token count (`token_slots`), so each stage has static shapes
-        under --token-bucket: stage 2 compiles once per bucket, and the strategies the paper trains (learned with
-        w = 0, uniform) trace without a graph break (tests/test_compile.py)."""
+        one number from the device, the bucketed token count (`token_slots`; COMPILE_BUCKET unless --token-bucket
+        is given), so each stage has static shapes: stage 2 compiles once per bucket, and the strategies the paper
+        trains (learned with w = 0, uniform) trace without a graph break (tests/test_compile.py)."""
         import torch._dynamo
 
-        # One stage-2 graph per bucket (up to T / N of them) must fit the recompilation limit.
-        n = self.cfg.token_bucket
+        self.token_bucket = self.token_bucket or COMPILE_BUCKET  # static shapes, not a graph per token count
+        # One stage-2 graph per bucket (up to T / N of them, T <= 4096 in every preset) must fit the limit.
         cfg = torch._dynamo.config
-        cfg.recompile_limit = max(cfg.recompile_limit, 8 + (4096 // n if n else 0))
-        options = {"dynamic": False if n else None, **options}  # a graph per bucket, not one symbolic length
+        cfg.recompile_limit = max(cfg.recompile_limit, 8 + 4096 // self.token_bucket)
+        options = {"dynamic": False, **options}  # a graph per bucket, not one symbolic length
         self._compiled = (torch.compile(self._propose, **options), torch.compile(self._finish, **options))
 
     def _losses(self, res: ModelOutput, x: torch.Tensor, targets: torch.Tensor, batch_stats=None) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
@@ -26,7 +26,7 @@ from learntok.data.stream import StreamBatches, open_stream
 from learntok.device import autocast, configure_matmul, resolve_precision
 from learntok.errors import TrainingError
 from learntok.model import build_model
-from learntok.model.lm import COMPILE_BUCKET, ByteLM
+from learntok.model.lm import ByteLM
 from learntok.nn.attention import FLEX_CPU_TRAINING
 from learntok.train.logs import Sinks, StepMetrics
 from learntok.train.parallel import (
@@ -92,10 +92,7 @@ def train(cfg: TrainConfig, *, log=print, on_eval: EvalHook | None = None) -> Ru
     torch.manual_seed(cfg.seed)
     precision = resolve_precision(cfg.precision, d.device)
     configure_matmul(precision, d.device)
-    mcfg = cfg.model
-    if cfg.compile and not mcfg.token_bucket:  # static token shapes, or a recompilation per token count
-        mcfg = replace(mcfg, token_bucket=COMPILE_BUCKET)
-    model = build_model(mcfg, cfg.boundary).to(d.device)
+    model = build_model(cfg.model, cfg.boundary).to(d.device)
     if precision == "bf16":
         model.to(torch.bfloat16)
     model.activation_checkpointing = cfg.activation_checkpointing
