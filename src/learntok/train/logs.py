@@ -28,6 +28,11 @@ MAX_KEYS = ("boundary/max_tokens",)
 """Logged as the maximum over the window and the ranks, not the mean."""
 
 
+def _maximum(a: float | torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """max(a, b) on b's device, without reading b back (a: a running maximum, 0.0 before the first)."""
+    return torch.maximum(torch.as_tensor(a, device=b.device), b)
+
+
 class StepMetrics:
     """Sums of one log window's per-step figures (each step's own figures averaged over its micro-batches).
 
@@ -49,18 +54,13 @@ class StepMetrics:
         for k, v in {**out.terms, **out.boundaries.stats}.items():
             self._step[k] = self._step[k] + (v.detach().float() if torch.is_tensor(v) else v) / accum
         self._step["boundary/rate"] = self._step["boundary/rate"] + out.boundaries.mask.float().mean() / accum
-        n = out.n_tokens.max().float()
-        self._step["boundary/max_tokens"] = torch.maximum(torch.as_tensor(self._step["boundary/max_tokens"],
-                                                                          device=n.device), n)
+        self._step["boundary/max_tokens"] = _maximum(self._step["boundary/max_tokens"], out.n_tokens.max().float())
 
     def end_step(self, grad_norm: float, applied: bool = True) -> None:
         """Close the current step: add its figures to the window, or only count it when its update was skipped."""
         if applied:
             for k, v in self._step.items():
-                if k in MAX_KEYS:
-                    self.sums[k] = torch.maximum(torch.as_tensor(self.sums[k], device=v.device), v)
-                else:
-                    self.sums[k] = self.sums[k] + v
+                self.sums[k] = _maximum(self.sums[k], v) if k in MAX_KEYS else self.sums[k] + v
             self.sums["train/grad_norm"] += grad_norm
             self.steps += 1
         else:
