@@ -3,7 +3,7 @@ beat random boundaries within a fixed CPU budget on English Wikipedia?
 
 Final comparison (strategies x seeds at one configuration, equal wall-clock per arm, one training at a time):
 
-    python experiments/small_scale/run.py final --data ../shared/data/text/enwiki --out runs/small_scale \\
+    python experiments/small_scale/run.py final --data DATA/enwiki --out runs/small_scale \\
         --budget 1200 --seeds 0 1 2
 
 Screening (one arm; appends a line to OUT/screening.jsonl):
