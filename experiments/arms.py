@@ -84,7 +84,7 @@ def train_arm(run: Path, data: Path, name: str, *, rate: float, seed: int, max_b
         cmd = [sys.executable, "-m", "learntok", "train", "--preset", "small", "--data", str(data), "--out", str(run),
                "--overwrite", "--seed", str(seed), *budget, *common, *arm_flags(name, rate)]
     t0 = time.time()
-    with open(run.with_suffix(".log"), "a") as log:
+    with open(run.parent / f"{run.name}.log", "a") as log:  # not with_suffix: "2.4e+07" has a dot
         subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT)
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
     evals = [r for r in rows if "val/bpb" in r]
@@ -147,7 +147,7 @@ def run_arms(out: Path, data: Path, arms: list[str], seeds: list[int], *, rate: 
     if time_budget:
         key, tag = ("time", float(time_budget)), f"{time_budget:g}s"
     else:
-        key, tag = ("flops", budget_bytes * flops_per_byte("uniform", rate)), f"{budget_bytes:.0e}"
+        key, tag = ("flops", budget_bytes * flops_per_byte("uniform", rate)), f"{budget_bytes:g}"
     done = {(r["arm"], r["seed"], budget_key(r, results)) for r in results["arms"]}
     for seed in seeds:
         for name in arms:

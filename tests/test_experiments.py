@@ -81,10 +81,13 @@ def test_leaderboard_runs_resumes_and_reports(tmp_path, text_corpus, monkeypatch
     assert (out / "results.json").stat().st_mtime_ns == stamp  # nothing retrained
 
     # an interrupted arm: a checkpoint but no result; run_arms continues it instead of starting over
-    done = arms.train_arm(out / "part", text_corpus, "uniform", rate=0.2, seed=1, max_bytes=2 * 4096, ckpt_every=1)
-    log = (out / "part.log").read_text()
-    again = arms.train_arm(out / "part", text_corpus, "uniform", rate=0.2, seed=1, max_bytes=2 * 4096)
-    assert "resum" in (out / "part.log").read_text()[len(log):].lower()
+    # (a dotted name, as a budget like 2.4e+07 gives: the log is NAME.log, not a with_suffix mangling of it)
+    assert (out / "uniform-12288-seed0.log").exists()
+    part = out / "part-2.4e+07"
+    done = arms.train_arm(part, text_corpus, "uniform", rate=0.2, seed=1, max_bytes=2 * 4096, ckpt_every=1)
+    log = (out / "part-2.4e+07.log").read_text()
+    again = arms.train_arm(part, text_corpus, "uniform", rate=0.2, seed=1, max_bytes=2 * 4096)
+    assert "resum" in (out / "part-2.4e+07.log").read_text()[len(log):].lower()
     assert again["bytes"] == done["bytes"]
 
     monkeypatch.setattr(sys, "argv", ["run.py", "report", "--out", str(out)])

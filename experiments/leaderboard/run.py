@@ -3,9 +3,9 @@
     # every arm at a short budget (the FLOPs of 6 MB of `uniform`), 3 seeds
     python experiments/leaderboard/run.py run --data DATA/enwiki --out runs/leaderboard \
         --bytes 6e6 --seeds 0 1 2
-    # the headline pair at the small preset's budget, 5 seeds
+    # the headline pair at the small preset's budget (~17 minutes per arm on 2 cores), 5 fresh seeds
     python experiments/leaderboard/run.py run --data DATA/enwiki --out runs/leaderboard \
-        --bytes 2.4e7 --seeds 0 1 2 3 4 --arms learned uniform
+        --bytes 2.4e7 --seeds 10 11 12 13 14 --arms learned-w1-vb uniform
     # the matched-time view: 600 s of training per arm on a time schedule
     python experiments/leaderboard/run.py run --data DATA/enwiki --out runs/leaderboard \
         --seconds 600 --seeds 0 1 --arms learned uniform flat bpe-lm

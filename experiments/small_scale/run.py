@@ -53,7 +53,7 @@ def train_arm(run: Path, data: str, budget: float, flags: list[str], *, preset: 
         cmd += ["--schedule", "time", "--time-budget", str(budget)]
     cmd += flags
     t0 = time.time()
-    with open(run.with_suffix(".log"), "w") as log:
+    with open(run.parent / f"{run.name}.log", "w") as log:
         subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT)
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
     final = [r for r in rows if "val/bpb" in r][-1]
