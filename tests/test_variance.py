@@ -53,3 +53,27 @@ def test_snr_is_corrected_for_the_noise_in_the_mean():
     assert abs(sum(some) / len(some) - 0.05) < 0.005
     var, _ = noise_and_signal(noise[0])
     assert abs(var / P - 1) < 0.05
+
+
+def test_a_model_with_a_value_head_is_measured_with_its_baseline_too():
+    """--value-baseline adds the "value" estimator (the run's own): the centred returns minus the centred V(X_t),
+    so a baseline equal on every row changes nothing and a row-dependent one shifts each row by its own value."""
+    from learntok.boundaries.reinforce import batch_relative_advantage
+    from learntok.evaluation.variance import _advantages
+
+    model = build_model("learned", policy_window=0, gamma=0.9, value_baseline=True)
+    batch = torch.randint(32, 127, (4, 17), generator=torch.Generator().manual_seed(0))
+    batch[:, 0] = BOS
+    rows, _ = policy_gradient_variance(model, batch, samples=3, reference_factor=2)
+    names = variant_names(0.9, value=True)
+    assert names.index("value") == names.index("centred") + 1 and [r.name for r in rows] == 2 * names
+
+    g = torch.Generator().manual_seed(1)
+    logp, early, value = (-torch.rand(4, 16, generator=g) for _ in range(3))
+    keep = torch.rand(4, 16, generator=g) > 0.3
+    centred = _advantages("centred", logp, early, keep, 0.9)
+    with_value = _advantages("value", logp, early, keep, 0.9, value)
+    torch.testing.assert_close(with_value, centred - batch_relative_advantage(value, keep))
+    assert not torch.allclose(with_value, centred)
+    same = value[:1].expand(4, 16)
+    torch.testing.assert_close(_advantages("value", logp, early, keep, 0.9, same), centred)

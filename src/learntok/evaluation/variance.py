@@ -11,6 +11,8 @@ forward pass, so the variants are compared on the same draws:
     gamma=G      A_t = sum_j G^j r_{t+j}                 discounted (biased for G < 1)
     centred      A_t - mean over the batch's rows        batch-relative advantage (eq. 17), with gamma 1 and with
                                                          the run's gamma
+    value        (G_t - V(X_t)) centred                  the learned state baseline, --value-baseline (only for a
+                                                         model that has one; the run's gamma)
     normalised   ... / batch standard deviation          --normalize-advantage
 
 Each estimate is (1/B) sum_{b,t} grad log pi(a_{b,t}) A_{b,t} over the trained decisions. Reported per parameter
@@ -19,8 +21,9 @@ group: the total variance of one batch's estimate (trace of its covariance), the
 reference direction: the batch-centred estimator with gamma = 1 averaged over `reference_factor` times as many
 draws (its expectation is exactly
 (1 - 1/B) times the gradient of E[sum_k r_k], and it is far less noisy than the uncentred ones). naive, relative
-and to-go are unbiased estimates of that gradient; centring scales it by (1 - 1/B); gamma < 1 and normalisation
-change it (tests/test_estimator_exact.py shows each exactly on a small policy).
+and to-go are unbiased estimates of that gradient; centring scales it by (1 - 1/B); subtracting V(X_t), which
+does not depend on the decision, leaves the expectation as it is; gamma < 1 and normalisation change it
+(tests/test_estimator_exact.py shows each exactly on a small policy).
 """
 
 from __future__ import annotations
@@ -51,8 +54,10 @@ class VariantStats:
     """||mean|| / ||reference||."""
 
 
-def _advantages(name: str, logp: torch.Tensor, early: torch.Tensor, keep: torch.Tensor, gamma: float) -> torch.Tensor:
-    """(B,T) advantages of variant `name` from per-position log-likelihoods (B,T) of both heads."""
+def _advantages(name: str, logp: torch.Tensor, early: torch.Tensor, keep: torch.Tensor, gamma: float,
+                value: torch.Tensor | None = None) -> torch.Tensor:
+    """(B,T) advantages of variant `name` from per-position log-likelihoods (B,T) of both heads (and, for
+    "value", the baseline V(X_t) (B,T))."""
     kf = keep.float()
     r = (logp - early) * kf
     if name == "naive":
@@ -64,16 +69,19 @@ def _advantages(name: str, logp: torch.Tensor, early: torch.Tensor, keep: torch.
     if name.startswith("gamma="):
         return discounted_returns(r, float(name[6:]))
     g = discounted_returns(r, 1.0 if name == "centred, gamma=1" else gamma)
+    if name == "value":
+        g = g - value
     adv = batch_relative_advantage(g, keep)
     if name == "normalised":
         adv = adv / (adv[keep].std() + 1e-6)
     return adv
 
 
-def variant_names(gamma: float) -> list[str]:
+def variant_names(gamma: float, value: bool = False) -> list[str]:
+    """The estimators measured, in chain order; "value" only for a model with a learned baseline."""
     gammas = sorted({*GAMMAS, gamma} - {1.0}, reverse=True)
     return ["naive", "relative", "to-go", *(f"gamma={g:g}" for g in gammas), "centred, gamma=1", "centred",
-            "normalised"]
+            *(["value"] if value else []), "normalised"]
 
 
 def policy_gradient_variance(model, batch: torch.Tensor, *, samples: int = 64, reference_factor: int = 16,
@@ -86,7 +94,7 @@ def policy_gradient_variance(model, batch: torch.Tensor, *, samples: int = 64, r
     was_training = model.training
     model.train()
     gamma = float(model.bcfg.gamma)
-    names = variant_names(gamma)
+    names = variant_names(gamma, value=getattr(strategy, "value", None) is not None)
     groups = {"policy": [p for p in strategy.parameters() if p.requires_grad]}
     if not model.bcfg.detach_encoder:
         groups["encoder"] = [p for n, p in model.named_parameters() if n.startswith(("embed", "down"))]
@@ -104,9 +112,10 @@ def policy_gradient_variance(model, batch: torch.Tensor, *, samples: int = 64, r
             bo = out.boundaries
             keep = (targets != -100) & bo.free
             logp, early = -out.nll.detach().float(), -out.nll_early.float()
+            value = bo.value.detach() if "value" in names else None
             todo = names if k < samples else [REFERENCE]
             for n in todo:
-                adv = _advantages(n, logp, early, keep, gamma).detach()
+                adv = _advantages(n, logp, early, keep, gamma, value).detach()
                 surrogate = (bo.log_prob * adv * keep.float()).sum() / B
                 g = torch.autograd.grad(surrogate, params, retain_graph=True, allow_unused=True)
                 flat, i = [], 0
