@@ -99,7 +99,7 @@ class Runner:
         seq[:, 0] = BOS
         self.ids, self.targets = seq[:, :-1].to(device), seq[:, 1:].to(device)
         self.gen = torch.Generator(device).manual_seed(1)
-        self.bytes, self.rows, self.tokens = B * T, B, 0.0
+        self.bytes, self.rows, self.tokens, self.pad = B * T, B, 0.0, None
 
     def step(self) -> None:
         noise = torch.rand(self.ids.shape, generator=self.gen, device=self.device)  # as training draws them
@@ -110,6 +110,7 @@ class Runner:
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         self.tokens = out.n_tokens.sum()  # a tensor: read once per round, not per step (no sync here)
+        self.pad = out.pad_share
 
 
 def _sync(device: torch.device) -> None:
@@ -128,6 +129,7 @@ def bench(name: str, bc: BenchConfig, mode: str, args, device: torch.device, pre
         warm[s] = time.perf_counter() - t0
     times = {s: [] for s in runners}
     tokens = {s: [] for s in runners}
+    pads = {s: [] for s in runners}
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     for _ in range(args.rounds):
@@ -139,6 +141,7 @@ def bench(name: str, bc: BenchConfig, mode: str, args, device: torch.device, pre
             _sync(device)
             times[s].append((time.perf_counter() - t0) / args.steps)
             tokens[s].append(float(r.tokens))
+            pads[s].append(None if r.pad is None else float(r.pad))
     peak = peak_flops(device, args.peak_tflops)
     rows = []
     for s, r in runners.items():
@@ -153,6 +156,7 @@ def bench(name: str, bc: BenchConfig, mode: str, args, device: torch.device, pre
             "tflops": flops / dt / 1e12, "mfu": flops / dt / peak if peak else None,
             "mfu_with_attention": (flops + attn) / dt / peak if peak else None,
             "warmup_s": warm[s], "learned_over_uniform": None,
+            "token_pad_share": None if None in pads[s] else statistics.median(pads[s]),
         })
     ratio = statistics.median(a / b for a, b in zip(times["learned"], times["uniform"]))
     rows[0]["learned_over_uniform"] = ratio
@@ -197,13 +201,14 @@ def markdown(rows: list[dict], env: str) -> str:
 
     lines = [f"Environment: {env}", "",
              "| config | mode | strategy | micro-batch | bytes/s | tokens/s | TFLOP/s | MFU | MFU +attn | "
-             "learned / uniform | peak GiB | warm-up s |", "|" + "---|" * 12]
+             "token padding | learned / uniform | peak GiB | warm-up s |", "|" + "---|" * 13]
     for r in rows:
         ratio = "" if r["learned_over_uniform"] is None else f"{r['learned_over_uniform']:.3f}"
         mem = f"{r['peak_gib_both_runners']:.1f}" if "peak_gib_both_runners" in r else "-"
         lines.append(f"| {r['config']} | {r['mode']} | {r['strategy']} | {r['micro_batch']}x{r['seq_len']} | "
                      f"{r['bytes_per_s']:,.0f} | {r['tokens_per_s']:,.0f} | {r['tflops']:.1f} | {pct(r['mfu'])} | "
-                     f"{pct(r['mfu_with_attention'])} | {ratio} | {mem} | {r['warmup_s']:.0f} |")
+                     f"{pct(r['mfu_with_attention'])} | {pct(r.get('token_pad_share'))} | {ratio} | {mem} | "
+                     f"{r['warmup_s']:.0f} |")
     return "\n".join(lines) + "\n"
 
 

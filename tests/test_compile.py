@@ -9,7 +9,7 @@ import torch
 from torch._dynamo.utils import counters
 
 from learntok.boundaries import config_class
-from learntok.boundaries.reinforce import masked_std
+from learntok.boundaries.reinforce import SCAN_MAX_WINDOW, masked_std
 from learntok.config import ModelConfig
 from learntok.model import build_model
 
@@ -42,6 +42,8 @@ def test_bucketed_token_level_equals_the_packed_one(strategy):
     (a, ga), (b, gb) = outs
     if strategy != "flat":  # (flat: every byte is a token, T slots either way)
         assert int(a.n_tokens.min()) < slots < T, "rows should be padded for this test to mean anything"
+        assert 0 < float(b.pad_share) == pytest.approx(1 - int(b.n_tokens.sum()) / (B * slots))
+    assert a.pad_share is None and b.token_slots == slots
     torch.testing.assert_close(b.logits, a.logits, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(b.loss, a.loss, atol=1e-6, rtol=1e-6)
     assert ga.keys() == gb.keys()
@@ -83,19 +85,33 @@ def compiled_run(model, steps: int):
     return graphs, sum(counters["graph_break"].values()), buckets
 
 
-@pytest.mark.parametrize("strategy", ["learned", "uniform"])
-def test_compiled_stages_have_no_graph_breaks_and_one_graph_per_bucket(strategy):
-    model = tiny(strategy, 16, **({"policy_window": 0} if strategy == "learned" else {}))
-    graphs, breaks, buckets = compiled_run(model, 100)
+@pytest.mark.parametrize("strategy,opts", [("learned", {"policy_window": 0}), ("learned", {"policy_window": 8}),
+                                           ("uniform", {})])
+def test_compiled_stages_have_no_graph_breaks_and_one_graph_per_bucket(strategy, opts):
+    """Including the paper's w = 8 window, whose sampler is the state scan under compile (no host read)."""
+    graphs, breaks, buckets = compiled_run(tiny(strategy, 16, **opts), 100)
     assert breaks == 0
     assert len(graphs) == 1 + len(buckets)  # stage 1 once, stage 2 once per bucket, over 100 steps
     if strategy == "learned":
         assert len(buckets) >= 2
 
 
-def test_a_windowed_policy_breaks_only_at_its_sampler():
-    """With w > 0 the Jacobi sampler's data-dependent loop runs eagerly: the one (documented) break."""
-    _, breaks, _ = compiled_run(tiny("learned", 16, policy_window=2), 3)
+def test_a_compiled_windowed_policy_draws_what_the_eager_one_draws():
+    """Under compile the window sampler is the scan, eagerly it is Jacobi: the same boundaries and losses."""
+    ids, noise = batch(5)
+    eager = tiny("learned", 16, policy_window=3)
+    compiled = tiny("learned", 16, policy_window=3)
+    compiled.compile_stages(backend="eager")
+    a, b = eager(ids, ids, noise=noise), compiled(ids, ids, noise=noise)
+    torch._dynamo.reset()
+    assert torch.equal(a.boundaries.mask, b.boundaries.mask)
+    assert float(b.boundaries.stats["boundary/sample_rounds"]) == 1 + 6  # the scan: log2(64) steps
+    torch.testing.assert_close(b.loss, a.loss)
+
+
+def test_a_window_wider_than_the_scan_breaks_only_at_its_sampler():
+    """w > SCAN_MAX_WINDOW (2^w states would not fit) keeps Jacobi's data-dependent loop: the one break."""
+    _, breaks, _ = compiled_run(tiny("learned", 16, policy_window=SCAN_MAX_WINDOW + 1), 3)
     assert breaks > 0
     assert all("_jacobi_rounds" in reason for reason in counters["graph_break"])
 
@@ -127,8 +143,10 @@ def test_compiled_training_matches_eager_training(tmp_path, text_corpus, monkeyp
     for compiled in (False, True):
         out = tmp_path / f"run-{compiled}"
         train(tiny_train_config(out, text_corpus, boundary=bcfg, compile=compiled))
-        rows = [line for line in (out / "metrics.jsonl").read_text().splitlines() if '"loss/auto"' in line]
-        losses.append([json.loads(r)["loss/auto"] for r in rows])
+        rows = [json.loads(r) for r in (out / "metrics.jsonl").read_text().splitlines() if '"loss/auto"' in r]
+        losses.append([r["loss/auto"] for r in rows])
+        pads = [r.get("train/token_pad_share") for r in rows]
+        assert all(0 < p < 1 for p in pads) if compiled else pads == [None] * len(rows)  # logged when bucketed
     torch._dynamo.reset()
     assert sum(counters["graph_break"].values()) == 0
     assert len(losses[0]) == 6

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 import torch
 
 from learntok.boundaries.learned import LearnedBoundaries, LearnedConfig
 from learntok.boundaries.reinforce import (
+    SCAN_MAX_WINDOW,
+    _scan_sample,
     batch_relative_advantage,
     discounted_returns,
     reference_returns,
@@ -46,8 +49,10 @@ def test_batch_centring_zero_mean_per_position():
     assert torch.equal(batch_relative_advantage(g2, valid), a)
 
 
-@pytest.mark.parametrize("w,cap", [(0, 0.0), (1, 6.0), (3, 0.0), (8, 6.0)])
+@pytest.mark.parametrize("w,cap", [(0, 0.0), (1, 6.0), (3, 0.0), (8, 6.0), (10, 0.0)])
 def test_window_sampler_equals_sequential_reference(w, cap):
+    """Both parallel samplers (Jacobi, as run eagerly, and the state scan, as run under torch.compile) draw
+    exactly what the one-byte-at-a-time sampler draws from the same uniforms."""
     torch.manual_seed(w)
     B, T = 4, 300
     base = torch.randn(B, T)
@@ -55,9 +60,14 @@ def test_window_sampler_equals_sequential_reference(w, cap):
     u = torch.rand(B, T)
     forced = torch.zeros(B, T, dtype=torch.bool)
     forced[:, 0] = True
+    forced[:, 7::50] = True  # forced positions inside the sequence too
+    reference = reference_sample(base, coef, u, forced, cap)
     fast, rounds = sample_window_policy(base, coef, u, forced, cap)
-    assert torch.equal(fast, reference_sample(base, coef, u, forced, cap))
+    assert torch.equal(fast, reference)
     assert rounds <= T + 1
+    if 0 < w <= SCAN_MAX_WINDOW:
+        scanned, steps = _scan_sample(base, coef, u, forced, cap)
+        assert torch.equal(scanned, reference) and steps == 1 + math.ceil(math.log2(T))
 
 
 def _toy_problem(n=6, w=2, seed=0):

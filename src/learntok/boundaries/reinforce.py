@@ -3,7 +3,8 @@
 Pure functions on tensors, each with a plain reference beside it for the tests:
 
 - `sample_window_policy`: draw a_t ~ Bernoulli(sigmoid(l_t)) where l_t depends on a_{t-1..t-w}, without a
-  Python loop over bytes (Jacobi fixed-point iteration; exact, see its docstring).
+  Python loop over bytes (a parallel scan over the 2^w window states, or Jacobi fixed-point iteration for
+  wide windows; both exact, see their docstrings).
 - `discounted_returns`: G_t = sum_{j>=0} gamma^j r_{t+j}, a reverse discounted cumsum done with two small
   triangular matmuls (no gamma^-t factors, which overflow at T = 4096).
 - `batch_relative_advantage`: A_{t,b} = G_{t,b} - mean_b G_{t,b} over valid rows.
@@ -34,27 +35,61 @@ def window_logits(base: torch.Tensor, coef: torch.Tensor, a: torch.Tensor) -> to
     return base + (previous_boundaries(a, coef.shape[-1]) * coef).sum(-1)
 
 
+SCAN_MAX_WINDOW = 8
+"""Widest policy window sampled by the state scan (2^w states per byte; 256 at the paper's w = 8). Wider
+windows use Jacobi iteration."""
+
+
 @torch.no_grad()
 def sample_window_policy(base: torch.Tensor, coef: torch.Tensor, u: torch.Tensor, forced: torch.Tensor,
                          cap: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sample a_t = [u_t < sigmoid(softcap(l_t))] (or forced) for all t at once.
+    """Sample a_t = [u_t < sigmoid(softcap(l_t))] (or forced) for all t at once, exactly as the sequential
+    sampler would with the same uniforms u. base (B,T), coef (B,T,w), u (B,T), forced (B,T) bool.
 
-    a_t depends on a_{<t} only, so the map F(a)_t = [u_t < sigmoid(softcap(l_t(a_{<t})))] has exactly one
-    fixed point: the sequentially sampled sequence. Jacobi iteration a <- F(a) reaches it, and once F(a)
-    equals a we have it exactly. Iteration k fixes at least the first k positions, so it stops after at most
-    T + 1 rounds; in practice the policy's dependence on earlier boundaries is small (1/D scaling) and a few
-    rounds suffice. With w = 0 (coef (B,T,0)) the decisions are independent and one round is exact, with no
-    data-dependent loop, so torch.compile traces it whole. Returns (a bool (B,T), rounds used as a 0-dim
-    tensor: a compiled caller then does not specialise on its value).
+    With w = 0 the decisions are independent: one step. Otherwise, under torch.compile and for w <=
+    SCAN_MAX_WINDOW, `_scan_sample` (ceil(log2 T) steps fixed by the shape: no data-dependent loop, no host
+    read, so the compiled step has no graph break); eagerly, or for wider windows, `_jacobi_rounds` (a few
+    rounds of O(B T w) work with one host read each, against the scan's log2 T rounds of O(B T 2^w)). Both
+    give the same draws (tests/test_estimator.py).
+    Returns (a bool (B,T), the number of parallel rounds as a 0-dim
+    tensor: logged as boundary/sample_rounds, and a compiled caller does not specialise on it).
     """
-    a = forced | (u < torch.sigmoid(softcap(base, cap)))
-    if coef.shape[-1] == 0:
-        return a, torch.ones(())
-    return _jacobi_rounds(base, coef, u, forced, cap, a)
+    w = coef.shape[-1]
+    if w == 0:
+        return forced | (u < torch.sigmoid(softcap(base, cap))), torch.ones(())
+    if w <= SCAN_MAX_WINDOW and torch.compiler.is_compiling():
+        return _scan_sample(base, coef, u, forced, cap)
+    return _jacobi_rounds(base, coef, u, forced, cap, forced | (u < torch.sigmoid(softcap(base, cap))))
+
+
+def _scan_sample(base, coef, u, forced, cap):
+    """The window sampler as a parallel prefix scan over the policy's 2^w states.
+
+    The state before byte t is s = (a_{t-1}, ..., a_{t-w}) as bits (bit j = a_{t-1-j}; 0 before the start).
+    Given the uniforms, byte t's decision is a function of the state only, so byte t is a map f_t on the 2^w
+    states, s -> (s << 1 | a_t(s)) mod 2^w, tabulated from the logits of all 2^w states at once. The state
+    after byte t is (f_t o ... o f_0)(0); function composition is associative, so a Hillis-Steele scan builds
+    every prefix in ceil(log2 T) rounds of one gather each, and a_t is the low bit of the state after byte t.
+    Exact (the same draws as the sequential sampler); memory B x T x 2^w indices."""
+    B, T, w = coef.shape
+    S = 1 << w
+    states = torch.arange(S, device=base.device)
+    bits = ((states[:, None] >> torch.arange(w, device=base.device)) & 1).to(coef.dtype)  # (S,w): bit j = a_{t-1-j}
+    logits = base[..., None] + coef @ bits.T  # (B,T,S): l_t in every state
+    a = forced[..., None] | (u[..., None] < torch.sigmoid(softcap(logits, cap)))  # (B,T,S): a_t in state s
+    f = ((states << 1) & (S - 1)) | a.long()  # (B,T,S): f_t(s)
+    d, rounds = 1, 1
+    while d < T:  # a Python loop over log2(T) static steps: unrolled when compiled
+        f = torch.cat([f[:, :d], torch.gather(f[:, d:], 2, f[:, :-d])], 1)  # f_t <- f_t o f_{t-d}
+        d, rounds = 2 * d, rounds + 1
+    return (f[..., 0] & 1).bool(), torch.tensor(float(rounds))
 
 
 @torch.compiler.disable  # a data-dependent loop (one host read per round): eager inside a compiled model
 def _jacobi_rounds(base, coef, u, forced, cap, a):
+    """Jacobi iteration for wide windows: a_t depends on a_{<t} only, so F(a)_t = [u_t < sigmoid(softcap(
+    l_t(a_{<t})))] has exactly one fixed point, the sequential sample; iteration k fixes at least the first k
+    positions, and once F(a) = a it is exact (at most T + 1 rounds; a few when the window terms are small)."""
     rounds = 1
     while rounds <= a.shape[1]:
         rounds += 1

@@ -52,6 +52,16 @@ class ModelOutput:
     """(B,T) the same under the early-exit head."""
     n_tokens: torch.Tensor | None = None
     """(B,) real tokens per sequence at the token level."""
+    token_slots: int | None = None
+    """Token-level length per sequence under --token-bucket (static shapes), None when packed."""
+
+    @property
+    def pad_share(self) -> torch.Tensor | None:
+        """Share of the bucketed token level's B x slots positions that are padding (FLOPs spent on nothing),
+        on the device; None when packed (no padding is computed but attention's)."""
+        if not self.token_slots:
+            return None
+        return 1 - self.n_tokens.sum().float() / (self.n_tokens.numel() * self.token_slots)
 
 
 @dataclass
@@ -199,7 +209,7 @@ class ByteLM(nn.Module):
         for blk in self.up:
             h = self._block(blk, h, rope_byte)
         logits = self._head(self.norm_out, self.head, h)  # (B,T,V)
-        result = ModelOutput(logits=logits, boundaries=out, n_tokens=tokens.count)
+        result = ModelOutput(logits=logits, boundaries=out, n_tokens=tokens.count, token_slots=size)
         if targets is not None:
             self._losses(result, x, targets, batch_stats)
         return result

@@ -55,6 +55,8 @@ class StepMetrics:
             self._step[k] = self._step[k] + (v.detach().float() if torch.is_tensor(v) else v) / accum
         self._step["boundary/rate"] = self._step["boundary/rate"] + out.boundaries.mask.float().mean() / accum
         self._step["boundary/max_tokens"] = _maximum(self._step["boundary/max_tokens"], out.n_tokens.max().float())
+        if out.pad_share is not None:  # --token-bucket / --compile: the price of static shapes
+            self._step["train/token_pad_share"] = self._step["train/token_pad_share"] + out.pad_share / accum
 
     def end_step(self, grad_norm: float, applied: bool = True) -> None:
         """Close the current step: add its figures to the window, or only count it when its update was skipped."""
