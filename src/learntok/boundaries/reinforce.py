@@ -75,7 +75,8 @@ def _scan_sample(base, coef, u, forced, cap):
     S = 1 << w
     states = torch.arange(S, device=base.device)
     bits = ((states[:, None] >> torch.arange(w, device=base.device)) & 1).to(coef.dtype)  # (S,w): bit j = a_{t-1-j}
-    logits = base[..., None] + coef @ bits.T  # (B,T,S): l_t in every state
+    # l_t in every state, as window_logits computes it (elementwise, not a matmul that autocast would run in bf16)
+    logits = base[..., None] + (bits * coef[:, :, None, :]).sum(-1)  # (B,T,S)
     a = forced[..., None] | (u[..., None] < torch.sigmoid(softcap(logits, cap)))  # (B,T,S): a_t in state s
     f = ((states << 1) & (S - 1)) | a.long()  # (B,T,S): f_t(s)
     d, rounds = 1, 1
