@@ -113,6 +113,13 @@ class Runner:
         self.pad = out.pad_share
 
 
+def _graphs_compiled() -> int:
+    """Graphs dynamo has built so far in this process (all runners)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -132,6 +139,7 @@ def bench(name: str, bc: BenchConfig, mode: str, args, device: torch.device, pre
     pads = {s: [] for s in runners}
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+    graphs_before = _graphs_compiled()
     for _ in range(args.rounds):
         for s, r in runners.items():
             _sync(device)
@@ -142,6 +150,7 @@ def bench(name: str, bc: BenchConfig, mode: str, args, device: torch.device, pre
             times[s].append((time.perf_counter() - t0) / args.steps)
             tokens[s].append(float(r.tokens))
             pads[s].append(None if r.pad is None else float(r.pad))
+    late = _graphs_compiled() - graphs_before  # a new token bucket met while timing: compile time in a round
     peak = peak_flops(device, args.peak_tflops)
     rows = []
     for s, r in runners.items():
@@ -155,7 +164,7 @@ def bench(name: str, bc: BenchConfig, mode: str, args, device: torch.device, pre
             "step_s": dt, "bytes_per_s": r.bytes / dt, "tokens_per_s": n_tok / dt, "rate": n_tok / r.bytes,
             "tflops": flops / dt / 1e12, "mfu": flops / dt / peak if peak else None,
             "mfu_with_attention": (flops + attn) / dt / peak if peak else None,
-            "warmup_s": warm[s], "learned_over_uniform": None,
+            "warmup_s": warm[s], "graphs_compiled_while_timing": late, "learned_over_uniform": None,
             "token_pad_share": None if None in pads[s] else statistics.median(pads[s]),
         })
     ratio = statistics.median(a / b for a, b in zip(times["learned"], times["uniform"]))
@@ -201,14 +210,14 @@ def markdown(rows: list[dict], env: str) -> str:
 
     lines = [f"Environment: {env}", "",
              "| config | mode | strategy | micro-batch | bytes/s | tokens/s | TFLOP/s | MFU | MFU +attn | "
-             "token padding | learned / uniform | peak GiB | warm-up s |", "|" + "---|" * 13]
+             "token padding | learned / uniform | peak GiB | warm-up s | graphs while timing |", "|" + "---|" * 14]
     for r in rows:
         ratio = "" if r["learned_over_uniform"] is None else f"{r['learned_over_uniform']:.3f}"
         mem = f"{r['peak_gib_both_runners']:.1f}" if "peak_gib_both_runners" in r else "-"
         lines.append(f"| {r['config']} | {r['mode']} | {r['strategy']} | {r['micro_batch']}x{r['seq_len']} | "
                      f"{r['bytes_per_s']:,.0f} | {r['tokens_per_s']:,.0f} | {r['tflops']:.1f} | {pct(r['mfu'])} | "
                      f"{pct(r['mfu_with_attention'])} | {pct(r.get('token_pad_share'))} | {ratio} | {mem} | "
-                     f"{r['warmup_s']:.0f} |")
+                     f"{r['warmup_s']:.0f} | {r.get('graphs_compiled_while_timing', '-')} |")
     return "\n".join(lines) + "\n"
 
 
@@ -223,6 +232,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds (median reported)")
     ap.add_argument("--steps", type=int, default=5, help="timed steps per round and runner")
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps per runner (compilation happens here)")
+    ap.add_argument("--token-bucket", type=int, default=0,
+                    help="token-level bucket (default: --compile's 64); larger buckets, fewer compiled graphs")
     ap.add_argument("--peak-tflops", type=float, default=0.0, help="device peak for MFU (default: by name)")
     ap.add_argument("--max-batch", action="store_true", help="also search the largest micro-batch that fits")
     ap.add_argument("--max-batch-limit", type=int, default=256)
@@ -235,27 +246,36 @@ def main() -> None:
     env = f"{gpu}, torch {torch.__version__}, precision {precision}"
     print(env)
     rows, max_batch = [], {}
+    out = Path(args.out)
+
+    def write() -> str:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "bench_gpu.json").write_text(json.dumps({"env": env, "rows": rows, "max_micro_batch": max_batch},
+                                                       indent=1) + "\n")
+        md = markdown(rows, env) + "".join(f"\nLargest micro-batch ({k}): {v}\n" for k, v in max_batch.items())
+        (out / "bench_gpu.md").write_text(md)
+        return md
+
     for name in args.configs:
         bc = configs[name]
         if args.micro_batch:
             bc = replace(bc, micro_batch=args.micro_batch)
+        if args.token_bucket:
+            bc = replace(bc, model=replace(bc.model, token_bucket=args.token_bucket))
         for mode in args.modes:
             got = bench(name, bc, mode, args, device, precision)
             rows += got
             for r in got:
                 mfu = "-" if r["mfu"] is None else f"{100 * r['mfu']:.1f} %"
-                print(f"{name:11s} {mode:8s} {r['strategy']:8s} {r['bytes_per_s']:12,.0f} B/s  MFU {mfu}")
+                print(f"{name:11s} {mode:8s} {r['strategy']:8s} {r['bytes_per_s']:12,.0f} B/s  MFU {mfu}", flush=True)
+            write()
         if args.max_batch:
             max_batch[name] = max_micro_batch(bc, device, precision, "compiled" in args.modes,
                                               args.max_batch_limit)
-            print(f"{name}: largest micro-batch of {bc.seq_len}-byte sequences that trains: {max_batch[name]}")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_gpu.json").write_text(json.dumps({"env": env, "rows": rows, "max_micro_batch": max_batch},
-                                                   indent=1) + "\n")
-    md = markdown(rows, env) + "".join(f"\nLargest micro-batch ({k}): {v}\n" for k, v in max_batch.items())
-    (out / "bench_gpu.md").write_text(md)
-    print(md)
+            print(f"{name}: largest micro-batch of {bc.seq_len}-byte sequences that trains: {max_batch[name]}",
+                  flush=True)
+            write()
+    print(write())
 
 
 if __name__ == "__main__":

@@ -57,7 +57,11 @@ def tiny_model(**kw) -> ModelConfig:
 @pytest.fixture
 def text_corpus(tmp_path: Path) -> Path:
     """A directory with train/valid .txt files of real-looking English and code."""
-    d = tmp_path / "corpus"
+    return write_text_corpus(tmp_path / "corpus")
+
+
+def write_text_corpus(d: Path) -> Path:
+    """Write text_corpus's files into `d` (for fixtures of a wider scope)."""
     (d / "train").mkdir(parents=True)
     (d / "valid").mkdir()
     src = Path(torch.__file__).read_text(encoding="utf-8")  # real text that is always there

@@ -60,4 +60,19 @@ def test_cpu_smoke_run_writes_json_and_markdown(bench, tmp_path, monkeypatch):
     assert set(rows) == {"learned", "uniform"}
     assert rows["learned"]["bytes_per_s"] > 0 and 0.05 < rows["learned"]["rate"] < 0.6
     assert rows["learned"]["mfu"] is None  # no peak known for a CPU
+    assert rows["learned"]["graphs_compiled_while_timing"] == 0  # eager: nothing compiled
     assert "| tiny | eager | learned | 8x512 |" in (tmp_path / "bench_gpu.md").read_text()
+
+
+def test_gpu_runbook_names_real_tests_and_real_benchmark_flags():
+    """bench/gpu_session.sh is run only on a lent GPU: keep what it names in step with the code here."""
+    import re
+
+    script = (ROOT / "bench" / "gpu_session.sh").read_text().replace("\\\n", " ")  # join continued lines
+    tests = re.findall(r"tests/test_\w+\.py", script)
+    assert "tests/test_gpu.py" in tests and all((ROOT / t).exists() for t in tests)
+    source = (ROOT / "bench" / "bench_gpu.py").read_text()
+    for line in script.splitlines():
+        if "bench/bench_gpu.py" in line:
+            flags = set(re.findall(r"(--[a-z][a-z-]+)", line))
+            assert flags and all(f'"{f}"' in source for f in flags), line

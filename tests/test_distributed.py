@@ -3,6 +3,7 @@ the global advantage and rate statistics), accumulation == a double batch, and a
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 from dataclasses import replace
@@ -27,18 +28,37 @@ def _free_port() -> int:
 
 
 def _worker(rank: int, world: int, port: int, cfg) -> None:
+    """One torchrun-like process. Rank 0 writes OUT/group.json: the backend and world size of the process group
+    training ran in, and how many DDP wrappers it built."""
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     torch.set_num_threads(1)
+
+    wrapped = []
+
+    class SpyDDP(torch.nn.parallel.DistributedDataParallel):
+        def __init__(self, *a, **k):
+            wrapped.append(1)
+            super().__init__(*a, **k)
+
+    torch.nn.parallel.DistributedDataParallel = SpyDDP
     try:
         train(cfg, log=lambda *_: None)
+        if rank == 0 and torch.distributed.is_initialized():
+            Path(cfg.out, "group.json").write_text(json.dumps({
+                "backend": torch.distributed.get_backend(), "world": torch.distributed.get_world_size(),
+                "ddp": len(wrapped)}))
     finally:
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
 
 
-def _run(cfg, world: int) -> None:
-    if world == 1:
+def _run(cfg, world: int, launcher: bool | None = None) -> None:
+    """Train `cfg` in `world` processes: spawned torchrun-like workers, or this process when world is 1 and no
+    `launcher` is asked for."""
+    if launcher is None:
+        launcher = world > 1
+    if not launcher:
         train(cfg, log=lambda *_: None)
         return
     mp.start_processes(_worker, args=(world, _free_port(), cfg), nprocs=world, join=True, start_method="spawn")
@@ -55,8 +75,6 @@ def _assert_same(a: dict, b: dict, atol: float) -> None:
 
 
 def _losses(run: Path) -> list[tuple[int, float]]:
-    import json
-
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     return [(r["step"], r["loss/auto"]) for r in rows if "loss/auto" in r]
 
@@ -70,6 +88,17 @@ def test_two_processes_equal_one_process_with_double_batch(tmp_path, cfg):
     _run(replace(cfg, out=str(tmp_path / "one")), world=1)
     _run(replace(cfg, out=str(tmp_path / "two")), world=2)
     _assert_same(_weights(tmp_path / "one"), _weights(tmp_path / "two"), atol=2e-5)
+
+
+def test_torchrun_with_one_process_trains_under_ddp_like_a_plain_process(tmp_path, cfg):
+    """`torchrun --nproc-per-node 1` joins a process group of one and wraps the model in DDP (on a GPU: the
+    NCCL path, tests/test_gpu.py), with a plain process's result."""
+    _run(replace(cfg, out=str(tmp_path / "plain")), world=1)
+    _run(replace(cfg, out=str(tmp_path / "group")), world=1, launcher=True)
+    assert not (tmp_path / "plain" / "group.json").exists()
+    group = json.loads((tmp_path / "group" / "group.json").read_text())
+    assert group == {"backend": "gloo", "world": 1, "ddp": 1}
+    _assert_same(_weights(tmp_path / "plain"), _weights(tmp_path / "group"), atol=1e-6)
 
 
 def test_two_processes_with_accumulation_equal_one_process(tmp_path, cfg):

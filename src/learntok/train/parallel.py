@@ -32,6 +32,8 @@ class Dist:
     world: int = 1
     local_rank: int = 0
     device: torch.device = torch.device("cpu")
+    group: bool = False
+    """A process group is in use (torchrun, at any world size): the model is wrapped and statistics reduced."""
 
     @property
     def is_main(self) -> bool:
@@ -39,20 +41,30 @@ class Dist:
 
     @property
     def active(self) -> bool:
-        return self.world > 1
+        return self.world > 1 or self.group
+
+
+def launched_by_torchrun() -> bool:
+    """torchrun (or another env:// launcher) set the rendezvous variables, whatever the world size."""
+    return all(k in os.environ for k in ("WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT"))
 
 
 def init_distributed(device: str) -> Dist:
-    """Join the torchrun process group when WORLD_SIZE > 1; choose the device (CUDA: one GPU per local rank)."""
+    """Join the process group when launched by torchrun (also with one process: `torchrun --nproc-per-node 1`
+    runs DDP over NCCL, the multi-GPU path on one GPU) or when the caller already initialised one; choose the
+    device (CUDA: one GPU per local rank). A plain `learntok train` has no group."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    group = world > 1 or launched_by_torchrun() or tdist.is_initialized()
     dev = resolve_device(device)
-    if dev.type == "cuda" and world > 1:
+    if dev.type == "cuda" and group:
         dev = torch.device("cuda", local_rank)
         torch.cuda.set_device(dev)
-    if world > 1 and not tdist.is_initialized():
+    if group and not tdist.is_initialized():
         tdist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo")
-    return Dist(rank=rank, world=world, local_rank=local_rank, device=dev)
+    if group:
+        world, rank = tdist.get_world_size(), tdist.get_rank()
+    return Dist(rank=rank, world=world, local_rank=local_rank, device=dev, group=group)
 
 
 def _all_reduce(t: torch.Tensor, d: Dist, op) -> torch.Tensor:

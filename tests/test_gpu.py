@@ -1,0 +1,160 @@
+"""The GPU path end to end (issue 16), on a CUDA device: a bf16 training run on the GPU tracks the fp32 CPU
+run's loss curve, cached generation on the GPU equals the full forward pass, `torchrun --nproc-per-node 1`
+trains under DDP over NCCL like a plain process, the compiled step (inductor) trains like the eager one with no
+graph break, and the GPU-only FlexAttention backward pass trains like the eager backend.
+
+Skipped without CUDA. `LEARNTOK_TEST_DEVICE=cpu pytest tests/test_gpu.py` runs the same checks on the CPU
+(bf16 autocast, gloo, dynamo's eager backend instead of inductor, no flex training), which keeps their logic
+tested where no GPU is; `bench/gpu_session.sh` runs them on a lent GPU."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from learntok.boundaries import available, boundary_config, strategy_class
+from learntok.train import train
+from learntok.vocab import BOS
+
+from .conftest import build_model, tiny_model, tiny_train_config, write_text_corpus
+from .test_distributed import _run, _weights
+
+DEVICE = os.environ.get("LEARNTOK_TEST_DEVICE") or ("cuda" if torch.cuda.is_available() else "")
+CUDA = DEVICE.startswith("cuda")
+pytestmark = [
+    pytest.mark.skipif(not DEVICE, reason="needs a CUDA GPU (LEARNTOK_TEST_DEVICE=cpu runs these checks on CPU)"),
+    pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile"),
+]
+
+CURVE_STEPS, CURVE_WINDOW = 200, 25
+CURVE_TOL = {"bf16-mixed": 0.05, "bf16": 0.15}
+"""Largest allowed gap (nats) between a bf16 run's and the fp32 CPU run's mean training loss over any window of
+CURVE_WINDOW steps. The runs draw the same batches and boundary noise; bf16 rounding moves boundaries whose
+probability sits near their uniform, so the curves drift apart slowly rather than agreeing to the bit."""
+
+
+def _losses(run: Path) -> list[float]:
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if '"loss/auto"' in x]
+    return [r["loss/auto"] for r in rows]
+
+
+def _window_means(xs: list[float]) -> list[float]:
+    return [sum(xs[i:i + CURVE_WINDOW]) / CURVE_WINDOW for i in range(0, len(xs) - CURVE_WINDOW + 1, CURVE_WINDOW)]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    return write_text_corpus(tmp_path_factory.mktemp("gpu") / "corpus")
+
+
+def _curve_config(out: Path, corpus: Path, **kw):
+    return tiny_train_config(out, corpus, max_steps=CURVE_STEPS, batch_size=8, lr=3e-3, warmup_bytes=8 * 64 * 20,
+                             model=tiny_model(d_model=64, n_heads=4), **kw)
+
+
+@pytest.fixture(scope="module")
+def fp32_cpu_curve(corpus, tmp_path_factory) -> list[float]:
+    out = tmp_path_factory.mktemp("fp32-cpu") / "run"
+    train(_curve_config(out, corpus, device="cpu", precision="fp32"), log=lambda *_: None)
+    return _losses(out)
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "bf16"])
+def test_bf16_training_on_the_device_tracks_the_fp32_cpu_curve(precision, corpus, fp32_cpu_curve, tmp_path):
+    train(_curve_config(tmp_path / "run", corpus, device=DEVICE, precision=precision), log=lambda *_: None)
+    ours = _losses(tmp_path / "run")
+    assert len(ours) == len(fp32_cpu_curve) == CURVE_STEPS
+    a, b = _window_means(ours), _window_means(fp32_cpu_curve)
+    gap = max(abs(x - y) for x, y in zip(a, b))
+    print(f"{precision} on {DEVICE} vs fp32 on cpu: window means {[round(x, 3) for x in a]} vs "
+          f"{[round(x, 3) for x in b]}, largest gap {gap:.4f}")
+    assert a[-1] < a[0] - 0.5 and b[-1] < b[0] - 0.5  # both learned something
+    assert gap < CURVE_TOL[precision]
+    assert ours != fp32_cpu_curve  # bf16 really ran
+
+
+@pytest.fixture
+def strict_fp32():
+    """Full fp32 matmuls on CUDA (an earlier bf16 run enables TF32 process-wide)."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+@pytest.mark.parametrize("strategy", [s for s in available() if strategy_class(s).has_step])
+def test_cached_generation_on_the_device_equals_the_full_forward_pass(strategy, tmp_path, strict_fp32):
+    """On CUDA the full pass attends with FlexAttention (the auto backend) and the cached step with
+    attend_cached: the same boundaries, logits within 1e-4."""
+    m = build_model(strategy, tmp_path, model_kw={"byte_window": 8}).eval().to(DEVICE)
+    B, T = 3, 40
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(32, 127, (B, T), generator=g)
+    ids[:, 0] = BOS
+    ids[1, 5:9] = ord(" ")
+    noise = torch.rand(B, T, generator=g)
+    ids, noise = ids.to(DEVICE), noise.to(DEVICE)
+    with torch.no_grad():
+        full = m(ids, noise=noise)
+        state = m.init_state(B, noise)
+        logits, bounds = [], []
+        for t in range(T):
+            lg, a = m.step(ids[:, t], state)
+            logits.append(lg)
+            bounds.append(a)
+    assert full.logits.device.type == torch.device(DEVICE).type
+    assert torch.equal(torch.stack(bounds, 1), full.boundaries.mask)
+    torch.testing.assert_close(torch.stack(logits, 1), full.logits, rtol=1e-4, atol=1e-4)
+
+
+def test_torchrun_with_one_process_on_the_device_is_ddp_over_nccl(corpus, tmp_path):
+    """World size 1 under a launcher: a process group (NCCL on CUDA) and a DDP wrapper, a plain run's result."""
+    cfg = tiny_train_config(tmp_path / "x", corpus, max_steps=3, batch_size=4, lr=1e-2, device=DEVICE,
+                            precision="fp32")
+    _run(replace(cfg, out=str(tmp_path / "plain")), world=1)
+    _run(replace(cfg, out=str(tmp_path / "group")), world=1, launcher=True)
+    group = json.loads((tmp_path / "group" / "group.json").read_text())
+    assert group == {"backend": "nccl" if CUDA else "gloo", "world": 1, "ddp": 1}
+    a, b = _weights(tmp_path / "plain"), _weights(tmp_path / "group")
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-5
+
+
+def test_compiled_training_on_the_device_matches_eager_with_no_graph_break(corpus, tmp_path, monkeypatch):
+    """`--compile` on the device: inductor on CUDA (dynamo's eager backend on CPU, where inductor takes minutes),
+    bucketed token shapes, the paper's w = 8 policy window; 0 graph breaks, at most one stage-2 graph per
+    bucket, and the eager run's losses."""
+    from torch._dynamo.utils import counters
+
+    from learntok.model.lm import ByteLM
+
+    if not CUDA:
+        real = ByteLM.compile_stages
+        monkeypatch.setattr(ByteLM, "compile_stages", lambda self, **o: real(self, backend="eager", **o))
+    bcfg = boundary_config("learned", policy_window=8)
+    losses = []
+    counters.clear()
+    for compiled in (False, True):
+        out = tmp_path / f"run-{compiled}"
+        train(tiny_train_config(out, corpus, boundary=bcfg, compile=compiled, max_steps=30, device=DEVICE,
+                                precision="fp32"), log=lambda *_: None)
+        losses.append(_losses(out))
+    breaks = sum(counters["graph_break"].values())
+    torch._dynamo.reset()
+    assert breaks == 0
+    assert losses[1] == pytest.approx(losses[0], abs=2e-3 if CUDA else 1e-5)
+
+
+@pytest.mark.skipif(not CUDA, reason="FlexAttention has no backward pass on CPU")
+def test_flex_backend_trains_like_the_eager_backend(corpus, tmp_path, strict_fp32):
+    losses = {}
+    for backend in ("eager", "flex"):
+        model = tiny_model(attn_backend=backend, attn_softcap=50.0)
+        train(tiny_train_config(tmp_path / backend, corpus, model=model, max_steps=20, device=DEVICE,
+                                precision="fp32"), log=lambda *_: None)
+        losses[backend] = _losses(tmp_path / backend)
+    assert losses["flex"] == pytest.approx(losses["eager"], abs=1e-3)
