@@ -137,13 +137,17 @@ def budget_key(row: dict, results: dict) -> tuple[str, float]:
 
 def run_arms(out: Path, data: Path, arms: list[str], seeds: list[int], *, rate: float, budget_bytes: float = 0,
              time_budget: float = 0, reference, eval_every: int = 0, skip=lambda name: False,
-             run_name=None) -> dict:
-    """Train and evaluate every (arm, seed) not yet in OUT/results.json, one at a time, and return the results.
-    Budget: the training FLOPs of `budget_bytes` of `uniform` (each arm gets the bytes that cost as much), or,
-    with `time_budget`, that many seconds of training on a time schedule (the matched-time view)."""
+             run_name=None, results_path: Path | None = None) -> dict:
+    """Train and evaluate every (arm, seed) not yet in `results_path` (OUT/results.json by default), one at a
+    time, and return the results. Run directories (checkpoints) go under OUT; the results file is small, so a
+    study can keep it in version control while its run directories come and go. Budget: the training FLOPs of
+    `budget_bytes` of `uniform` (each arm gets the bytes that cost as much), or, with `time_budget`, that many
+    seconds of training on a time schedule (the matched-time view)."""
     out.mkdir(parents=True, exist_ok=True)
-    path = out / "results.json"
+    path = Path(results_path) if results_path else out / "results.json"
     results = json.loads(path.read_text()) if path.exists() else {"data": str(data), "arms": []}
+    if Path(results["data"]).name != Path(data).name:
+        raise ValueError(f"{path} holds results on {results['data']}, not {data}: give another --results file")
     if time_budget:
         key, tag = ("time", float(time_budget)), f"{time_budget:g}s"
     else:
@@ -163,8 +167,9 @@ def run_arms(out: Path, data: Path, arms: list[str], seeds: list[int], *, rate: 
                 res = {"match": "flops", "flops_budget": key[1], "budget_bytes": budget_bytes, **res}
             res = {"arm": name, "seed": seed, "flags": arm_flags(name, rate), **res, **evaluate_arm(run, reference)}
             results["arms"].append(res)
+            path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(results, indent=1))
+            tmp.write_text(json.dumps(results, indent=1) + "\n")
             tmp.replace(path)
             print(f"{name} seed {seed}: test BPB {res['test']['bpb']:.4f}, F1 {res['test']['f1']:.3f}, rate "
                   f"{res['test']['rate']:.3f}, {res['bytes'] / 1e6:.2f} MB, {res['flops']:.3g} FLOPs, "

@@ -70,15 +70,19 @@ def test_leaderboard_runs_resumes_and_reports(tmp_path, text_corpus, monkeypatch
     (text_corpus / "test" / "0.txt").write_text((text_corpus / "valid" / "0.txt").read_text()[::-1])
     monkeypatch.setattr(arms, "EVAL_BYTES", 2048)
     out = tmp_path / "lb"
-    kw = dict(rate=0.2, budget_bytes=3 * 4096, reference=arms.spacebyte)
+    record = tmp_path / "kept" / "lb.json"  # the results file apart from the run directories (--results)
+    kw = dict(rate=0.2, budget_bytes=3 * 4096, reference=arms.spacebyte, results_path=record)
     res = arms.run_arms(out, text_corpus, ["uniform", "learned"], [0], **kw)
     assert [(r["arm"], r["seed"]) for r in res["arms"]] == [("uniform", 0), ("learned", 0)]
+    assert not (out / "results.json").exists()
     for r in res["arms"]:
         assert r["flops"] == pytest.approx(r["flops_budget"], rel=0.5) and r["test"]["bpb"] > 0
         assert r["val"]["bpb"] != r["test"]["bpb"]
-    stamp = (out / "results.json").stat().st_mtime_ns
+    stamp = record.stat().st_mtime_ns
     assert arms.run_arms(out, text_corpus, ["uniform", "learned"], [0], **kw) == res
-    assert (out / "results.json").stat().st_mtime_ns == stamp  # nothing retrained
+    assert record.stat().st_mtime_ns == stamp  # nothing retrained
+    with pytest.raises(ValueError, match="not .*other"):  # results on other data are never mixed in
+        arms.run_arms(out, tmp_path / "other", ["uniform"], [0], **kw)
 
     # an interrupted arm: a checkpoint but no result; run_arms continues it instead of starting over
     # (a dotted name, as a budget like 2.4e+07 gives: the log is NAME.log, not a with_suffix mangling of it)
@@ -90,9 +94,9 @@ def test_leaderboard_runs_resumes_and_reports(tmp_path, text_corpus, monkeypatch
     assert "resum" in (out / "part-2.4e+07.log").read_text()[len(log):].lower()
     assert again["bytes"] == done["bytes"]
 
-    monkeypatch.setattr(sys, "argv", ["run.py", "report", "--out", str(out)])
+    monkeypatch.setattr(sys, "argv", ["run.py", "report", "--out", str(out), "--results", str(record)])
     leaderboard.main()
     md = (out / "results.md").read_text()
     assert "| learned | 1 |" in md and "Ranking by test BPB" in md
     assert (out / "leaderboard.png").stat().st_size > 10_000
-    json.loads((out / "results.json").read_text())
+    json.loads(record.read_text())

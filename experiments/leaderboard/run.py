@@ -20,7 +20,8 @@ times during training (the curves of the plot; mid-run points are mid-schedule);
 measured on the first 256 KB of the validation and the test splits after training, one boundary sample (the
 paper's protocol). Choose settings on validation; read the test column. `run` keeps finished arms and resumes
 an interrupted one from its last checkpoint, so a study can be spread over sittings; it runs one training at a
-time.
+time. `--results FILE` keeps the finished arms' numbers in FILE instead of OUT/results.json (this project's
+English Wikipedia study keeps experiments/leaderboard/enwiki.json in the repository, so they outlive OUT).
 """
 
 from __future__ import annotations
@@ -47,9 +48,12 @@ def cmd_run(args) -> None:
         sys.exit("give exactly one budget: --bytes (matched FLOPs) or --seconds (matched time)")
     steps = args.bytes / STEP_BYTES if args.bytes else args.seconds * 25e3 / STEP_BYTES  # ~25 kB/s on 2 cores
     eval_every = max(1, int(steps / args.eval_points)) if args.eval_points else 0
-    results = arms.run_arms(Path(args.out), Path(args.data), args.arms, args.seeds, rate=RATE,
-                            budget_bytes=args.bytes, time_budget=args.seconds, reference=arms.spacebyte,
-                            eval_every=eval_every)
+    try:
+        results = arms.run_arms(Path(args.out), Path(args.data), args.arms, args.seeds, rate=RATE,
+                                budget_bytes=args.bytes, time_budget=args.seconds, reference=arms.spacebyte,
+                                eval_every=eval_every, results_path=_results_path(args))
+    except ValueError as e:
+        sys.exit(f"error: {e}")
     print(arms.table(results, bases=("uniform",), against="learned"))
 
 
@@ -122,9 +126,14 @@ def ranking(results: dict) -> str:
     return "\n".join(lines)
 
 
+def _results_path(args) -> Path:
+    return Path(args.results) if args.results else Path(args.out) / "results.json"
+
+
 def cmd_report(args) -> None:
     out = Path(args.out)
-    results = json.loads((out / "results.json").read_text())
+    out.mkdir(parents=True, exist_ok=True)
+    results = json.loads(_results_path(args).read_text())
     text = (f"Data: {results['data']}; `--preset small` at target rate {RATE}; BPB on 256 KB of each split.\n\n"
             + arms.table(results, bases=("uniform",), against="learned") + "\nRanking by test BPB:\n\n"
             + ranking(results) + "\n")
@@ -150,6 +159,9 @@ def main() -> None:
     rn.add_argument("--eval-points", type=int, default=8, help="validation evaluations during training")
     rp = sub.add_parser("report", help="write OUT/results.md and OUT/leaderboard.png")
     rp.add_argument("--out", default="runs/leaderboard")
+    for p in (rn, rp):
+        p.add_argument("--results", default="", help="the results file (default OUT/results.json): finished "
+                       "arms are kept there and skipped; a file under version control outlives the run directories")
     args = ap.parse_args()
     {"run": cmd_run, "report": cmd_report}[args.cmd](args)
 
