@@ -14,26 +14,32 @@ from .conftest import build_model
 STEP_STRATEGIES = [s for s in available() if strategy_class(s).has_step]
 
 
-@pytest.mark.parametrize("strategy", STEP_STRATEGIES)
-def test_cached_steps_equal_full_forward(strategy, tmp_path):
-    m = build_model(strategy, tmp_path, model_kw={"byte_window": 8}).eval()
+def assert_cached_steps_equal_full_forward(m, device: str = "cpu") -> None:
+    """Byte by byte through `m.step` on `device`: the full forward pass's boundaries, logits within 1e-4."""
     B, T = 3, 40  # longer than the byte window: the ring buffer wraps
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(32, 127, (B, T), generator=g)
     ids[:, 0] = BOS
     ids[1, 5:9] = ord(" ")
     noise = torch.rand(B, T, generator=g)
+    m, ids, noise = m.to(device), ids.to(device), noise.to(device)
     with torch.no_grad():
         full = m(ids, noise=noise)
-    state = m.init_state(B, noise)
-    logits, bounds = [], []
-    for t in range(T):
-        lg, a = m.step(ids[:, t], state)
-        logits.append(lg)
-        bounds.append(a)
+        state = m.init_state(B, noise)
+        logits, bounds = [], []
+        for t in range(T):
+            lg, a = m.step(ids[:, t], state)
+            logits.append(lg)
+            bounds.append(a)
+    assert full.logits.device.type == torch.device(device).type
     assert torch.equal(torch.stack(bounds, 1), full.boundaries.mask)
     torch.testing.assert_close(torch.stack(logits, 1), full.logits, rtol=1e-4, atol=1e-4)
     assert full.boundaries.mask[:, 1:].any()  # the token cache was exercised
+
+
+@pytest.mark.parametrize("strategy", STEP_STRATEGIES)
+def test_cached_steps_equal_full_forward(strategy, tmp_path):
+    assert_cached_steps_equal_full_forward(build_model(strategy, tmp_path, model_kw={"byte_window": 8}).eval())
 
 
 def test_generate_batched_ragged_prompts_and_streaming(tmp_path):

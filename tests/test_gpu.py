@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from learntok.boundaries import available, boundary_config, strategy_class
+from learntok.boundaries import boundary_config
 from learntok.train import train
-from learntok.vocab import BOS
 
 from .conftest import build_model, tiny_model, tiny_train_config, write_text_corpus
 from .test_distributed import _run, _weights
+from .test_generate import STEP_STRATEGIES, assert_cached_steps_equal_full_forward
 
 DEVICE = os.environ.get("LEARNTOK_TEST_DEVICE") or ("cuda" if torch.cuda.is_available() else "")
 CUDA = DEVICE.startswith("cuda")
@@ -87,29 +87,12 @@ def strict_fp32():
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
-@pytest.mark.parametrize("strategy", [s for s in available() if strategy_class(s).has_step])
+@pytest.mark.parametrize("strategy", STEP_STRATEGIES)
 def test_cached_generation_on_the_device_equals_the_full_forward_pass(strategy, tmp_path, strict_fp32):
     """On CUDA the full pass attends with FlexAttention (the auto backend) and the cached step with
     attend_cached: the same boundaries, logits within 1e-4."""
-    m = build_model(strategy, tmp_path, model_kw={"byte_window": 8}).eval().to(DEVICE)
-    B, T = 3, 40
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(32, 127, (B, T), generator=g)
-    ids[:, 0] = BOS
-    ids[1, 5:9] = ord(" ")
-    noise = torch.rand(B, T, generator=g)
-    ids, noise = ids.to(DEVICE), noise.to(DEVICE)
-    with torch.no_grad():
-        full = m(ids, noise=noise)
-        state = m.init_state(B, noise)
-        logits, bounds = [], []
-        for t in range(T):
-            lg, a = m.step(ids[:, t], state)
-            logits.append(lg)
-            bounds.append(a)
-    assert full.logits.device.type == torch.device(DEVICE).type
-    assert torch.equal(torch.stack(bounds, 1), full.boundaries.mask)
-    torch.testing.assert_close(torch.stack(logits, 1), full.logits, rtol=1e-4, atol=1e-4)
+    m = build_model(strategy, tmp_path, model_kw={"byte_window": 8}).eval()
+    assert_cached_steps_equal_full_forward(m, DEVICE)
 
 
 def test_torchrun_with_one_process_on_the_device_is_ddp_over_nccl(corpus, tmp_path):
