@@ -35,6 +35,17 @@ def test_discounted_returns_float32_long_sequence_is_accurate():
     torch.testing.assert_close(discounted_returns(r, 0.99).double(), ref, rtol=1e-4, atol=1e-4)
 
 
+def test_discounted_returns_stay_fp32_under_bf16_autocast():
+    """The forward pass runs under bf16 autocast on a GPU (and with --precision bf16-mixed): the returns'
+    matmuls must not run in bf16 (that rounds returns of ~10 by ~1e-2)."""
+    r = torch.randn(4, 1024)
+    ref = discounted_returns(r, 0.99)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = discounted_returns(r, 0.99)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, ref, rtol=0, atol=1e-6)
+
+
 def test_batch_centring_zero_mean_per_position():
     g = torch.randn(5, 30)
     valid = torch.ones(5, 30, dtype=torch.bool)

@@ -122,26 +122,28 @@ def discounted_returns(r: torch.Tensor, gamma: float, chunk: int = 256) -> torch
     Within chunks of C positions: G_loc = r @ M^T with M[i,k] = gamma^(k-i) for k >= i. Across chunks the
     start values S_c obey S_c = G_loc[c,0] + gamma^C S_{c+1}: the same triangular form with gamma^C.
     Then G[c,i] = G_loc[c,i] + gamma^(C-i) S_{c+1}. Only non-negative powers appear, so nothing overflows.
+    Computed in r's dtype with autocast off: under bf16 autocast the matmuls would otherwise round the returns
+    to bf16 (errors of ~1e-2 on returns of ~10). The gamma tables are built on the device (no host copy).
     """
-    B, T = r.shape
-    C = min(chunk, T)
-    pad = (-T) % C
-    n = (T + pad) // C
-    rc = F.pad(r, (0, pad)).view(B, n, C)  # (B,n,C)
-    dtype, dev = r.dtype, r.device
+    with torch.autocast(r.device.type, enabled=False):
+        B, T = r.shape
+        C = min(chunk, T)
+        pad = (-T) % C
+        n = (T + pad) // C
+        rc = F.pad(r, (0, pad)).view(B, n, C)  # (B,n,C)
+        dtype, dev = r.dtype, r.device
 
-    def tri(size: int, g: float) -> torch.Tensor:  # (size,size): g^(k-i) for k >= i, else 0
-        e = torch.arange(size, device=dev, dtype=torch.float64)
-        d = e[None, :] - e[:, None]
-        return torch.where(d >= 0, torch.tensor(g, dtype=torch.float64, device=dev) ** d.clamp(min=0), 0.0).to(dtype)
+        def tri(size: int, g: float) -> torch.Tensor:  # (size,size): g^(k-i) for k >= i, else 0
+            e = torch.arange(size, device=dev, dtype=torch.float64)
+            d = e[None, :] - e[:, None]
+            return torch.where(d >= 0, g ** d.clamp(min=0), 0.0).to(dtype)
 
-    g_loc = rc @ tri(C, gamma).T  # (B,n,C)
-    s = g_loc[:, :, 0] @ tri(n, gamma**C).T  # (B,n) return at each chunk start
-    s_next = F.pad(s[:, 1:], (0, 1))  # (B,n) S_{c+1}, 0 after the last chunk
-    offsets = torch.arange(C, device=dev, dtype=torch.float64)
-    tail = torch.tensor(gamma, dtype=torch.float64, device=dev) ** (C - offsets)  # gamma^(C-i)
-    g = g_loc + tail.to(dtype) * s_next.unsqueeze(-1)  # (B,n,C)
-    return g.reshape(B, n * C)[:, :T]
+        g_loc = rc @ tri(C, gamma).T  # (B,n,C)
+        s = g_loc[:, :, 0] @ tri(n, gamma**C).T  # (B,n) return at each chunk start
+        s_next = F.pad(s[:, 1:], (0, 1))  # (B,n) S_{c+1}, 0 after the last chunk
+        tail = gamma ** (C - torch.arange(C, device=dev, dtype=torch.float64))  # gamma^(C-i)
+        g = g_loc + tail.to(dtype) * s_next.unsqueeze(-1)  # (B,n,C)
+        return g.reshape(B, n * C)[:, :T]
 
 
 def reference_returns(r: torch.Tensor, gamma: float) -> torch.Tensor:
