@@ -60,3 +60,15 @@ def test_generation_with_bpe_guidance_recomputes_flags_on_the_prefix(tmp_path):
     m = build_model("bpe", tmp_path).eval()
     out = generate(m, ["def f(x):", "import"], 6, temperature=0, seed=0)
     assert len(out) == 2 and all(len(o) == 6 for o in out)
+
+
+@pytest.mark.parametrize("mode", ["bf16-weights", "bf16-autocast"])
+def test_cached_generation_runs_in_bf16(mode, tmp_path):
+    """A model trained with --precision bf16 (bf16 weights) or used under bf16 autocast generates: the caches
+    take the weights' dtype and the keys the projections give."""
+    m = build_model("learned", tmp_path).eval()
+    if mode == "bf16-weights":
+        m.to(torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mode == "bf16-autocast"):
+        out = generate(m, ["def", "import os\n"], 12, temperature=0.8, seed=1)
+    assert all(len(o) <= 12 for o in out) and any(out)

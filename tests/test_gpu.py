@@ -95,6 +95,18 @@ def test_cached_generation_on_the_device_equals_the_full_forward_pass(strategy, 
     assert_cached_steps_equal_full_forward(m, DEVICE)
 
 
+def test_sampling_and_segmenting_run_on_the_device(tmp_path):
+    """Next-byte sampling draws on the logits' device; the segmenter feeds the model's device."""
+    from learntok.generation import generate
+    from learntok.segment import Segmenter
+
+    m = build_model("learned", tmp_path).eval().to(DEVICE)
+    out = generate(m, ["def", "import os\n"], 12, temperature=0.8, top_k=50, top_p=0.9, seed=1)
+    assert all(len(o) <= 12 for o in out) and any(out)
+    text = b"tokenization on the device, in several windows of sixteen bytes"
+    assert len(Segmenter(m, window=16).boundaries(text)) == len(text)
+
+
 def test_torchrun_with_one_process_on_the_device_is_ddp_over_nccl(corpus, tmp_path):
     """World size 1 under a launcher: a process group (NCCL on CUDA) and a DDP wrapper, a plain run's result."""
     cfg = tiny_train_config(tmp_path / "x", corpus, max_steps=3, batch_size=4, lr=1e-2, device=DEVICE,

@@ -72,8 +72,8 @@ def generate(model, prompts: list[str | bytes], max_new_bytes: int = 200, *, tem
     data = [p.encode() if isinstance(p, str) else bytes(p) for p in prompts]
     B, dev = len(data), next(model.parameters()).device
     total = max(len(p) for p in data) + max_new_bytes
-    gen = torch.Generator().manual_seed(seed)
-    noise = torch.rand(B, total, generator=gen).to(dev)
+    noise = torch.rand(B, total, generator=torch.Generator().manual_seed(seed)).to(dev)  # the same on any device
+    gen = torch.Generator(dev).manual_seed(seed)  # next-byte draws, on the logits' device
     if getattr(model.bcfg, "eval_boundaries", "sample") == "greedy":
         noise.fill_(0.5)  # a_t = [p_t > 0.5]
     state = model.init_state(B, noise) if use_cache and model.boundary.has_step else None
@@ -108,4 +108,8 @@ def generate(model, prompts: list[str | bytes], max_new_bytes: int = 200, *, tem
                 done[b] = True
         if all(done):
             break
+    if on_text is not None:  # a row that ended inside a multi-byte character: flush it as U+FFFD
+        for b, dec in enumerate(decoders):
+            if text := dec.decode(b"", final=True):
+                on_text(b, text)
     return [bytes(o) for o in out]

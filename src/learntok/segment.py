@@ -49,15 +49,16 @@ class Segmenter:
         """One flag per byte of `data`: True where a segment starts."""
         flags: list[bool] = []
         step = self.window - 1  # BOS + window-1 bytes per forward pass
-        gen = torch.Generator().manual_seed(self.seed)
+        gen = torch.Generator().manual_seed(self.seed)  # noise drawn on the CPU: the same on any device
+        dev = next(self.model.parameters()).device
         for start in range(0, len(data), step):
             chunk = data[start:start + step]
             ids = torch.tensor([[BOS, *chunk]])
             noise = torch.full(ids.shape, 0.5) if self.greedy else torch.rand(ids.shape, generator=gen)
             prescribed = None
             if self.model.boundary.annotator is not None:
-                prescribed = torch.tensor([[True, *map(bool, self.model.boundary.annotator(chunk))]])
-            out = self.model(ids, noise=noise, prescribed=prescribed)
+                prescribed = torch.tensor([[True, *map(bool, self.model.boundary.annotator(chunk))]]).to(dev)
+            out = self.model(ids.to(dev), noise=noise.to(dev), prescribed=prescribed)
             mask = out.boundaries.mask[0, 1:].tolist()  # flag of position i+1 = text byte i
             mask[0] = True  # a window always starts a segment
             flags += mask

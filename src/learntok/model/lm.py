@@ -257,16 +257,16 @@ class ByteLM(nn.Module):
 
     def init_state(self, batch: int, noise: torch.Tensor) -> StepState:
         """Empty caches for `batch` rows; noise (B, T_total) holds the boundary uniforms of every position."""
-        cfg, dev = self.cfg, self.embed.weight.device
+        cfg, dev, dtype = self.cfg, self.embed.weight.device, self.embed.weight.dtype  # bf16 weights: bf16 caches
         dh, W = cfg.d_model // cfg.n_heads, cfg.byte_window
 
         def caches(blocks: nn.ModuleList, size: int) -> list[KVCache]:
-            return [KVCache.empty(batch, cfg.n_heads, size, dh, dev) for _ in blocks]
+            return [KVCache.empty(batch, cfg.n_heads, size, dh, dev, dtype) for _ in blocks]
 
         return StepState(pos=0, down=caches(self.down, W), up=caches(self.up, W),
                          slot_pos=torch.full((W,), -1, dtype=torch.long, device=dev), mid=caches(self.mid, 64),
                          count=torch.zeros(batch, dtype=torch.long, device=dev),
-                         last_tok=torch.zeros(batch, cfg.d_model, device=dev),
+                         last_tok=torch.zeros(batch, cfg.d_model, device=dev, dtype=dtype),
                          boundary=self.boundary.init_step_state(batch, noise))
 
     @torch.no_grad()

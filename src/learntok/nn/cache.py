@@ -35,10 +35,11 @@ class KVCache:
         return self.k.shape[2]
 
     def write(self, slot: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Store one position per row: slot (B,) long, k and v (B,H,dh)."""
+        """Store one position per row: slot (B,) long, k and v (B,H,dh) (cast to the cache's dtype: under bf16
+        autocast the projections give bf16 keys for an fp32 model's cache)."""
         rows = torch.arange(k.shape[0], device=k.device)
-        self.k[rows, :, slot] = k
-        self.v[rows, :, slot] = v
+        self.k[rows, :, slot] = k.to(self.k.dtype)
+        self.v[rows, :, slot] = v.to(self.v.dtype)
 
     def grow(self, extra: int) -> None:
         """Append `extra` empty slots."""
