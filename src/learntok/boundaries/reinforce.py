@@ -46,18 +46,19 @@ def sample_window_policy(base: torch.Tensor, coef: torch.Tensor, u: torch.Tensor
     """Sample a_t = [u_t < sigmoid(softcap(l_t))] (or forced) for all t at once, exactly as the sequential
     sampler would with the same uniforms u. base (B,T), coef (B,T,w), u (B,T), forced (B,T) bool.
 
-    With w = 0 the decisions are independent: one step. Otherwise, under torch.compile and for w <=
-    SCAN_MAX_WINDOW, `_scan_sample` (ceil(log2 T) steps fixed by the shape: no data-dependent loop, no host
-    read, so the compiled step has no graph break); eagerly, or for wider windows, `_jacobi_rounds` (a few
-    rounds of O(B T w) work with one host read each, against the scan's log2 T rounds of O(B T 2^w)). Both
-    give the same draws (tests/test_estimator.py).
+    With w = 0 the decisions are independent: one step. Otherwise, for w <= SCAN_MAX_WINDOW under
+    torch.compile or on an accelerator, `_scan_sample` (ceil(log2 T) steps fixed by the shape: no
+    data-dependent loop, no host read, so the compiled step has no graph break and a GPU never waits for the
+    host); eagerly on the CPU, or for wider windows, `_jacobi_rounds` (a few rounds of O(B T w) work with one
+    host read each, against the scan's log2 T rounds of O(B T 2^w): fewer operations where a host read is
+    free). Both give the same draws (tests/test_estimator.py).
     Returns (a bool (B,T), the number of parallel rounds as a 0-dim
     tensor: logged as boundary/sample_rounds, and a compiled caller does not specialise on it).
     """
     w = coef.shape[-1]
     if w == 0:
         return forced | (u < torch.sigmoid(softcap(base, cap))), torch.ones(())
-    if w <= SCAN_MAX_WINDOW and torch.compiler.is_compiling():
+    if w <= SCAN_MAX_WINDOW and (torch.compiler.is_compiling() or base.device.type != "cpu"):
         return _scan_sample(base, coef, u, forced, cap)
     return _jacobi_rounds(base, coef, u, forced, cap, forced | (u < torch.sigmoid(softcap(base, cap))))
 

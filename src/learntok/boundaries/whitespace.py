@@ -7,6 +7,7 @@ only: causal by construction. The rate is whatever the text gives (reported, not
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -21,8 +22,10 @@ class WhitespaceConfig(BoundaryConfig):
     boundaries: str = "whitespace"
 
 
+@functools.lru_cache(maxsize=8)
 def spacelike_table(device: torch.device | None = None) -> torch.Tensor:
-    """(512,) bool over ids: True for spacelike bytes (and for the special ids, which separate documents)."""
+    """(512,) bool over ids: True for spacelike bytes (and for the special ids, which separate documents).
+    Built once per device (not copied to a GPU at every forward pass); read it, never write to it."""
     table = torch.zeros(512, dtype=torch.bool)
     for b in range(128):
         table[b] = not chr(b).isalnum()

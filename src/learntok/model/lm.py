@@ -222,9 +222,10 @@ class ByteLM(nn.Module):
         import torch._dynamo
 
         self.token_bucket = self.token_bucket or COMPILE_BUCKET  # static shapes, not a graph per token count
-        # One stage-2 graph per bucket (up to T / N of them, T <= 4096 in every preset) must fit the limit.
+        # Stage-2 graphs per bucket (up to T / N buckets, T <= 4096 in every preset), twice: with gradients and
+        # without (the statistics pre-pass under accumulation, validation) must fit the limit.
         cfg = torch._dynamo.config
-        cfg.recompile_limit = max(cfg.recompile_limit, 8 + 4096 // self.token_bucket)
+        cfg.recompile_limit = max(cfg.recompile_limit, 8 + 2 * (4096 // self.token_bucket))
         options = {"dynamic": False, **options}  # a graph per bucket, not one symbolic length
         self._compiled = (torch.compile(self._propose, **options), torch.compile(self._finish, **options))
 

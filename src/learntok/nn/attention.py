@@ -75,8 +75,9 @@ def sliding_window_attention(q, k, v, window: int, cap: float, backend: str) -> 
     _, kb = _blocked(k, blk)  # (B,H,n,2blk,dh)
     _, vb = _blocked(v, blk)
     mask = _window_mask(n, blk, window, q.device)  # (n,blk,2blk)
-    if backend == "sdpa":
-        out = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask)
+    if backend == "sdpa":  # blocks folded into the head dimension: the fused kernels take 4-D inputs only
+        out = F.scaled_dot_product_attention(*(t.flatten(1, 2) for t in (qb, kb, vb)),
+                                             attn_mask=mask.repeat(H, 1, 1)).view(B, H, n, blk, dh)
     else:
         scores = scaled_scores(qb, kb, cap).masked_fill(~mask, float("-inf"))  # (B,H,n,blk,2blk)
         out = torch.softmax(scores, dim=-1) @ vb  # (B,H,n,blk,dh)
@@ -122,9 +123,19 @@ FLEX_COMPILE = True
 materialises the scores: a reference for tests that should not pay for compilation."""
 
 
+FLEX_RECOMPILE_LIMIT = 64
+"""Kernels the uncompiled model's flex wrapper may build: one per (length bucket, mask, grad mode, batch size,
+dtype). Past dynamo's default limit of 8 it would fall back to the unfused path, which materialises T x T
+scores (slow, and out of memory at T = 4096)."""
+
+
 @functools.cache
 def _flex_compiled():
+    import torch._dynamo
     from torch.nn.attention.flex_attention import flex_attention
+
+    cfg = torch._dynamo.config
+    cfg.recompile_limit = max(cfg.recompile_limit, FLEX_RECOMPILE_LIMIT)
     return torch.compile(flex_attention, dynamic=False)
 
 

@@ -29,8 +29,9 @@ MAX_KEYS = ("boundary/max_tokens",)
 
 
 def _maximum(a: float | torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """max(a, b) on b's device, without reading b back (a: a running maximum, 0.0 before the first)."""
-    return torch.maximum(torch.as_tensor(a, device=b.device), b)
+    """max(a, b) on b's device, without reading b back or copying a host number to the device (a: a running
+    maximum, 0.0 before the first)."""
+    return b.clamp(min=a) if isinstance(a, float) else torch.maximum(a, b)
 
 
 class StepMetrics:
