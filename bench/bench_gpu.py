@@ -177,6 +177,17 @@ def bench(name: str, bc: BenchConfig, mode: str, args, device: torch.device, pre
     return rows
 
 
+def out_of_memory(e: BaseException) -> bool:
+    """An out-of-memory error, also when torch.compile wraps it (InductorError, BackendCompilerFailed)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower():
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
 def max_micro_batch(bc: BenchConfig, device: torch.device, precision: str, compile: bool, limit: int) -> int:
     """The largest micro-batch of bc.seq_len-byte sequences whose learned training step fits in memory:
     doubling, then bisection between the last fit and the first failure."""
@@ -187,7 +198,9 @@ def max_micro_batch(bc: BenchConfig, device: torch.device, precision: str, compi
             r.step()
             _sync(device)
             return True
-        except torch.OutOfMemoryError:
+        except Exception as e:
+            if not out_of_memory(e):
+                raise
             return False
         finally:
             r = None

@@ -51,6 +51,18 @@ def test_largest_micro_batch_search(bench, monkeypatch, capacity, limit, want):
     assert len(tried) <= 2 * limit.bit_length() + 1
 
 
+def test_out_of_memory_is_recognised_inside_compiler_errors(bench):
+    try:
+        try:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        except torch.OutOfMemoryError as e:
+            raise RuntimeError("BackendCompilerFailed: backend='inductor' raised an exception") from e
+    except RuntimeError as wrapped:
+        assert bench.out_of_memory(wrapped)
+    assert bench.out_of_memory(RuntimeError("CUDA error: out of memory"))
+    assert not bench.out_of_memory(RuntimeError("shape mismatch"))
+
+
 def test_cpu_smoke_run_writes_json_and_markdown(bench, tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["bench_gpu.py", "--device", "cpu", "--configs", "tiny", "--modes", "eager",
                                       "--rounds", "1", "--steps", "1", "--warmup", "1", "--out", str(tmp_path)])
