@@ -120,6 +120,24 @@ def _graphs_compiled() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
+def host_syncs(runner: Runner) -> tuple[int, list[str]] | None:
+    """Synchronising CUDA calls in one step of `runner` (torch.cuda.set_sync_debug_mode): the count and where
+    each was made. A step with --token-bucket should make one, the bucket's token count. None off CUDA."""
+    if runner.device.type != "cuda":
+        return None
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            runner.step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    sites = [f"{w.filename}:{w.lineno}" for w in caught if "synchroniz" in str(w.message).lower()]
+    return len(sites), sites
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -151,6 +169,7 @@ def bench(name: str, bc: BenchConfig, mode: str, args, device: torch.device, pre
             tokens[s].append(float(r.tokens))
             pads[s].append(None if r.pad is None else float(r.pad))
     late = _graphs_compiled() - graphs_before  # a new token bucket met while timing: compile time in a round
+    syncs = {s: host_syncs(r) for s, r in runners.items()}
     peak = peak_flops(device, args.peak_tflops)
     rows = []
     for s, r in runners.items():
@@ -165,6 +184,8 @@ def bench(name: str, bc: BenchConfig, mode: str, args, device: torch.device, pre
             "tflops": flops / dt / 1e12, "mfu": flops / dt / peak if peak else None,
             "mfu_with_attention": (flops + attn) / dt / peak if peak else None,
             "warmup_s": warm[s], "graphs_compiled_while_timing": late, "learned_over_uniform": None,
+            "host_syncs_per_step": None if syncs[s] is None else syncs[s][0],
+            "host_sync_sites": None if syncs[s] is None else syncs[s][1],
             "token_pad_share": None if None in pads[s] else statistics.median(pads[s]),
         })
     ratio = statistics.median(a / b for a, b in zip(times["learned"], times["uniform"]))
@@ -223,14 +244,16 @@ def markdown(rows: list[dict], env: str) -> str:
 
     lines = [f"Environment: {env}", "",
              "| config | mode | strategy | micro-batch | bytes/s | tokens/s | TFLOP/s | MFU | MFU +attn | "
-             "token padding | learned / uniform | peak GiB | warm-up s | graphs while timing |", "|" + "---|" * 14]
+             "token padding | learned / uniform | peak GiB | warm-up s | graphs while timing | host syncs |",
+             "|" + "---|" * 15]
     for r in rows:
         ratio = "" if r["learned_over_uniform"] is None else f"{r['learned_over_uniform']:.3f}"
         mem = f"{r['peak_gib_both_runners']:.1f}" if "peak_gib_both_runners" in r else "-"
         lines.append(f"| {r['config']} | {r['mode']} | {r['strategy']} | {r['micro_batch']}x{r['seq_len']} | "
                      f"{r['bytes_per_s']:,.0f} | {r['tokens_per_s']:,.0f} | {r['tflops']:.1f} | {pct(r['mfu'])} | "
                      f"{pct(r['mfu_with_attention'])} | {pct(r.get('token_pad_share'))} | {ratio} | {mem} | "
-                     f"{r['warmup_s']:.0f} | {r.get('graphs_compiled_while_timing', '-')} |")
+                     f"{r['warmup_s']:.0f} | {r.get('graphs_compiled_while_timing', '-')} | "
+                     f"{'-' if r.get('host_syncs_per_step') is None else r['host_syncs_per_step']} |")
     return "\n".join(lines) + "\n"
 
 

@@ -73,6 +73,7 @@ def test_cpu_smoke_run_writes_json_and_markdown(bench, tmp_path, monkeypatch):
     assert rows["learned"]["bytes_per_s"] > 0 and 0.05 < rows["learned"]["rate"] < 0.6
     assert rows["learned"]["mfu"] is None  # no peak known for a CPU
     assert rows["learned"]["graphs_compiled_while_timing"] == 0  # eager: nothing compiled
+    assert rows["learned"]["host_syncs_per_step"] is None  # counted on CUDA only
     assert "| tiny | eager | learned | 8x512 |" in (tmp_path / "bench_gpu.md").read_text()
 
 

@@ -153,3 +153,26 @@ def test_flex_backend_trains_like_the_eager_backend(corpus, tmp_path, strict_fp3
                                 precision="fp32"), log=lambda *_: None)
         losses[backend] = _losses(tmp_path / backend)
     assert losses["flex"] == pytest.approx(losses["eager"], abs=1e-3)
+
+
+@pytest.mark.skipif(not CUDA, reason="sync debug mode is a CUDA feature")
+def test_a_bucketed_training_step_waits_for_the_device_once():
+    """With --token-bucket a step's forward, backward and fused AdamW make one synchronising call, the read of
+    the bucket's token count (the paper's w = 8 policy draws by the scan, with no host read)."""
+    import importlib.util
+    import sys
+    from dataclasses import replace as dc_replace
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("bench_gpu", root / "bench" / "bench_gpu.py")
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules["bench_gpu"] = bench
+    spec.loader.exec_module(bench)
+    tiny = bench._configs()["tiny"]
+    bc = dc_replace(tiny, model=dc_replace(tiny.model, token_bucket=64, attn_backend="flex"))
+    runner = bench.Runner(bc, "learned", torch.device(DEVICE), "bf16-mixed", compile=False)
+    for _ in range(3):  # flex kernels compile on first use
+        runner.step()
+    n, sites = bench.host_syncs(runner)
+    print(f"host syncs per step: {n} at {sites}")
+    assert n <= 1, sites

@@ -37,6 +37,14 @@ def autocast(precision: str, device: torch.device) -> contextlib.AbstractContext
     return contextlib.nullcontext()
 
 
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on `device`. To a GPU it is copied from pinned memory without blocking, so the host goes
+    on queueing work instead of waiting for the copy (a training step's batch and boundary noise)."""
+    if device.type == "cuda" and t.device.type == "cpu":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
 def configure_matmul(precision: str, device: torch.device) -> None:
     """TF32 for the fp32 matmuls that remain under bf16 on CUDA (Ampere and later); strict fp32 stays
     strict."""

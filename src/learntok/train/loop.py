@@ -23,7 +23,7 @@ import torch.distributed as tdist
 from learntok.config import TrainConfig, to_dict
 from learntok.data import BatchIterator, ByteSequences, describe, load_splits, val_batches_with_flags
 from learntok.data.stream import StreamBatches, open_stream
-from learntok.device import autocast, configure_matmul, resolve_precision
+from learntok.device import autocast, configure_matmul, resolve_precision, to_device
 from learntok.errors import TrainingError
 from learntok.model import build_model
 from learntok.model.lm import ByteLM
@@ -273,11 +273,11 @@ def train_step(cfg: TrainConfig, model: ByteLM, wrapped, opt, batches: BatchIter
     if k > 1:  # K boundary samples per sequence: consecutive copies (their noise differs by global row)
         batch = batch.repeat_interleave(k, 0)
         flags = None if flags is None else flags.repeat_interleave(k, 0)
-    batch = batch.to(d.device)
+    batch = to_device(batch, d.device)
     rows = d.rank * batch.shape[0] + np.arange(batch.shape[0])  # global row indices of this rank's sequences
     noise = boundary_noise(cfg.seed, step, rows, cfg.data.seq_len, d.device)  # (per_rank, T)
     parts = [MicroBatch(batch[i:i + micro, :-1], batch[i:i + micro, 1:], noise[i:i + micro],
-                        None if flags is None else flags[i:i + micro, :-1].to(d.device))
+                        None if flags is None else to_device(flags[i:i + micro, :-1], d.device))
              for i in range(0, batch.shape[0], micro)]
     mixed = autocast(resolve_precision(cfg.precision, d.device), d.device)
 

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as tdist
 
 from learntok.boundaries.reinforce import BatchStatistics
-from learntok.device import resolve_device
+from learntok.device import resolve_device, to_device
 
 
 @dataclass
@@ -92,7 +92,7 @@ def boundary_noise(seed: int, step: int, rows: np.ndarray, T: int, device: torch
     same noise whichever rank or micro-batch it lands in, so 2 processes x b equal 1 process x 2b, and a
     resumed run draws what the uninterrupted run drew."""
     out = np.stack([np.random.default_rng([seed, step, int(r)]).random(T, dtype=np.float32) for r in rows])
-    return torch.from_numpy(out).to(device)
+    return to_device(torch.from_numpy(out), device)
 
 
 class AllReduceStats:
