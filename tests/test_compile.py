@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from learntok.boundaries import config_class
+from learntok.boundaries import available, boundary_config, config_class
 from learntok.boundaries.reinforce import SCAN_MAX_WINDOW, masked_std
 from learntok.config import ModelConfig
 from learntok.model import build_model
@@ -151,6 +151,34 @@ def test_compiled_training_matches_eager_training(tmp_path, text_corpus, monkeyp
     assert sum(counters["graph_break"].values()) == 0
     assert len(losses[0]) == 6
     assert losses[1] == pytest.approx(losses[0], abs=1e-5)
+
+
+@pytest.mark.parametrize("strategy", [s for s in available() if s != "learned"])
+def test_every_strategy_trains_as_one_graph_per_stage(strategy, tmp_path, text_corpus, monkeypatch):
+    """compile_stages uses fullgraph=True where `traces_whole` says so, so a graph break fails the run here
+    (learned, the paper's strategy, is covered above with w = 0, 8 and w > 8)."""
+    from learntok.model.lm import ByteLM
+    from learntok.train import train
+
+    from .conftest import tiny_train_config
+
+    seen = []
+    real = ByteLM.compile_stages
+
+    def spy(self, **o):
+        seen.append(self.boundary.traces_whole)
+        real(self, backend="eager", **o)
+
+    monkeypatch.setattr(ByteLM, "compile_stages", spy)
+    train(tiny_train_config(tmp_path / "run", text_corpus, boundary=boundary_config(strategy), compile=True,
+                            max_steps=2))
+    torch._dynamo.reset()
+    assert seen == [True]
+
+
+def test_fullgraph_is_off_only_for_a_window_wider_than_the_scan():
+    assert tiny("learned", 16, policy_window=SCAN_MAX_WINDOW).boundary.traces_whole
+    assert not tiny("learned", 16, policy_window=SCAN_MAX_WINDOW + 1).boundary.traces_whole
 
 
 @pytest.mark.skipif(not os.environ.get("LEARNTOK_SLOW_TESTS"),

@@ -156,6 +156,13 @@ class BoundaryStrategy(nn.Module):
     recomputes the full forward pass for every byte."""
 
     @property
+    def traces_whole(self) -> bool:
+        """True if torch.compile captures `propose` without a graph break, so `ByteLM.compile_stages` compiles
+        with fullgraph=True (a break is then an error, not a silent slowdown). Every registered strategy does
+        (tests/test_compile.py); a subclass with a data-dependent Python loop returns False."""
+        return True
+
+    @property
     def samples_per_sequence(self) -> int:
         """Rows each training sequence occupies in the batch (K boundary samples of the same text; the training
         loop repeats every sequence this many times, consecutively). Default 1."""

@@ -29,6 +29,7 @@ from learntok.boundaries.base import (
     forced_positions,
 )
 from learntok.boundaries.reinforce import (
+    SCAN_MAX_WINDOW,
     BatchStatistics,
     batch_relative_advantage,
     discounted_returns,
@@ -118,6 +119,11 @@ class LearnedBoundaries(BoundaryStrategy):
     @property
     def samples_per_sequence(self) -> int:
         return self.cfg.policy_samples
+
+    @property
+    def traces_whole(self) -> bool:
+        """A window wider than the scan's keeps the Jacobi sampler, whose loop length depends on the data."""
+        return self.cfg.policy_window <= SCAN_MAX_WINDOW
 
     def propose(self, x, ids, *, noise, generator, prescribed=None):
         cfg = self.cfg

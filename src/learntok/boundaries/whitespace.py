@@ -7,12 +7,12 @@ only: causal by construction. The rate is whatever the text gives (reported, not
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
 
 from learntok.boundaries.base import BoundaryConfig, BoundaryOutput, BoundaryStrategy, StepState
+from learntok.nn import shape_cache
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -22,15 +22,15 @@ class WhitespaceConfig(BoundaryConfig):
     boundaries: str = "whitespace"
 
 
-@functools.lru_cache(maxsize=8)
+@shape_cache(maxsize=8)
 def spacelike_table(device: torch.device | None = None) -> torch.Tensor:
     """(512,) bool over ids: True for spacelike bytes (and for the special ids, which separate documents).
-    Built once per device (not copied to a GPU at every forward pass); read it, never write to it."""
-    table = torch.zeros(512, dtype=torch.bool)
-    for b in range(128):
-        table[b] = not chr(b).isalnum()
-    table[256:] = True
-    return table.to(device) if device is not None else table
+    Built once per device (not copied to a GPU at every forward pass); read it, never write to it. Slices, not
+    a loop over bytes: under torch.compile the graph builds it."""
+    table = torch.ones(512, dtype=torch.bool, device=device)
+    for lo, hi in ((ord("0"), ord("9")), (ord("A"), ord("Z")), (ord("a"), ord("z")), (0x80, 0xFF)):
+        table[lo:hi + 1] = False  # ASCII letters and digits (exactly str.isalnum below 0x80), and bytes >= 0x80
+    return table
 
 
 def spacebyte_boundaries(ids: torch.Tensor) -> torch.Tensor:

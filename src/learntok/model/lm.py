@@ -217,8 +217,9 @@ class ByteLM(nn.Module):
     def compile_stages(self, **options) -> None:
         """torch.compile the two stages of `forward` (`options` go to torch.compile). Between them the step reads
         one number from the device, the bucketed token count (`token_slots`; COMPILE_BUCKET unless --token-bucket
-        is given), so each stage has static shapes: stage 2 compiles once per bucket, and the strategies the paper
-        trains (learned with w = 0, uniform) trace without a graph break (tests/test_compile.py)."""
+        is given), so each stage has static shapes: stage 2 compiles once per bucket. Each stage is one graph
+        (`fullgraph=True`) for every strategy whose `traces_whole` holds, all registered ones but learned with a
+        policy window wider than the scan's (tests/test_compile.py)."""
         import torch._dynamo
 
         self.token_bucket = self.token_bucket or COMPILE_BUCKET  # static shapes, not a graph per token count
@@ -226,7 +227,8 @@ class ByteLM(nn.Module):
         # without (the statistics pre-pass under accumulation, validation) must fit the limit.
         cfg = torch._dynamo.config
         cfg.recompile_limit = max(cfg.recompile_limit, 8 + 2 * (4096 // self.token_bucket))
-        options = {"dynamic": False, **options}  # a graph per bucket, not one symbolic length
+        # A graph per bucket, not one symbolic length; fullgraph turns an unexpected graph break into an error.
+        options = {"dynamic": False, "fullgraph": self.boundary.traces_whole, **options}
         self._compiled = (torch.compile(self._propose, **options), torch.compile(self._finish, **options))
 
     def _losses(self, res: ModelOutput, x: torch.Tensor, targets: torch.Tensor, batch_stats=None) -> None:

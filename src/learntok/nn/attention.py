@@ -23,6 +23,8 @@ import functools
 import torch
 import torch.nn.functional as F
 
+from learntok.nn import shape_cache
+
 
 def softcap(x: torch.Tensor, cap: float) -> torch.Tensor:
     """c * tanh(x / c) (Gemma 2); identity when cap <= 0."""
@@ -42,7 +44,7 @@ def block_size(window: int) -> int:
     return max(window, 32)
 
 
-@functools.lru_cache(maxsize=64)
+@shape_cache()
 def _window_mask(n_blocks: int, blk: int, window: int, device: torch.device) -> torch.Tensor:
     """(n_blocks, blk, 2*blk) bool: query r of block n may see key s of [block n-1, block n]."""
     q = torch.arange(blk, device=device)[:, None] + blk  # query position relative to the start of block n-1
@@ -94,7 +96,7 @@ def causal_attention(q, k, v, cap: float, backend: str) -> torch.Tensor:
     return torch.softmax(scores, dim=-1) @ v
 
 
-@functools.lru_cache(maxsize=64)
+@shape_cache()
 def _flex_block_mask(T: int, window: int | None, device: torch.device):
     """The block mask of causal (window=None) or causal sliding-window attention over T positions (cached: it
     depends only on the shape, and building it costs a pass over the blocks)."""
@@ -109,7 +111,7 @@ def _flex_block_mask(T: int, window: int | None, device: torch.device):
     return create_block_mask(causal if window is None else sliding, None, None, T, T, device=device)
 
 
-@functools.lru_cache(maxsize=8)
+@shape_cache(maxsize=8)
 def _softcap_mod(cap: float):
     """score_mod applying c * tanh(s / c) to the scaled score (one function per cap, so compiled kernels are
     reused)."""
