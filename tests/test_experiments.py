@@ -100,3 +100,30 @@ def test_leaderboard_runs_resumes_and_reports(tmp_path, text_corpus, monkeypatch
     assert "| learned | 1 |" in md and "Ranking by test BPB" in md
     assert (out / "leaderboard.png").stat().st_size > 10_000
     json.loads(record.read_text())
+
+
+def test_headline_reports_a_declared_seed_set_only_when_it_is_complete(capsys, monkeypatch):
+    """The pair's seeds 10-13 come from the transcribed file, later ones from the record; a seed set declared in
+    advance is summarised only once all its seeds have run (no peeking at a growing interval)."""
+    spec = importlib.util.spec_from_file_location("leaderboard_run", Path(arms.__file__).parent / "leaderboard/run.py")
+    leaderboard = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(leaderboard)
+
+    def row(arm, seed, test, val, budget=2.4e7):
+        return {"arm": arm, "seed": seed, "match": "flops", "budget_bytes": budget, "test": {"bpb": test},
+                "val": {"bpb": val}}
+
+    transcribed = {"seeds": [{"seed": 10, "test": {"learned-w1-vb": 2.0, "uniform": 2.1}, "val_difference": -0.1}]}
+    results = {"arms": [row("learned-w1-vb", 14, 2.0, 2.2), row("uniform", 14, 2.05, 2.2),
+                        row("learned-w1-vb", 15, 2.0, 2.2),  # its pair is not finished: no difference yet
+                        row("uniform", 16, 2.0, 2.0, budget=6e6), row("learned-w1-vb", 16, 1.0, 1.0, budget=6e6)]}
+    pairs = leaderboard.headline_pairs(results, transcribed)
+    assert list(pairs) == [10, 14]
+    assert pairs[10] == (pytest.approx(-0.1), -0.1) and pairs[14] == (pytest.approx(-0.05), pytest.approx(0.0))
+
+    # the committed record and transcription give the documented five-seed result (docs/results.md)
+    record = Path(arms.__file__).parent / "leaderboard" / "enwiki.json"
+    monkeypatch.setattr(sys, "argv", ["run.py", "headline", "--results", str(record)])
+    leaderboard.main()
+    out = capsys.readouterr().out
+    assert "(seeds 10-14): test -0.0221 [-0.0552, +0.0111] tie, t = 1.85" in out

@@ -10,6 +10,7 @@
     python experiments/leaderboard/run.py run --data DATA/enwiki --out runs/leaderboard \
         --seconds 600 --seeds 0 1 --arms learned uniform flat bpe-lm
     python experiments/leaderboard/run.py report --out runs/leaderboard     # results.md and leaderboard.png
+    python experiments/leaderboard/run.py headline --results experiments/leaderboard/enwiki.json   # the pair
 
 Every arm is `learntok train --preset small` plus its flags (experiments/arms.py) at a target rate of 0.2. With
 --bytes B every arm gets the training FLOPs of B bytes of `uniform` by the paper's accounting (6 x matrix
@@ -146,6 +147,49 @@ def cmd_report(args) -> None:
         print(f"wrote {out / 'results.md'} (no plot: pip install matplotlib)")
 
 
+HEADLINE = ("learned-w1-vb", "uniform", 2.4e7)
+DECLARED = {"the design declared first": range(10, 15), "with the declared extension": range(10, 19)}
+"""The headline pair's seed sets, each fixed before any of its seeds ran (docs/results.md, "The headline pair")."""
+
+
+def headline_pairs(results: dict, transcribed: dict) -> dict[int, tuple[float, float]]:
+    """seed -> (test difference, validation difference), learned-w1-vb - uniform at 2.4e7 bytes: seeds 10-13
+    from the transcribed file, later ones from the results file."""
+    arm, base, budget = HEADLINE
+    pairs = {r["seed"]: (r["test"][arm] - r["test"][base], r["val_difference"]) for r in transcribed["seeds"]}
+    rows = {(r["arm"], r["seed"]): r for r in results["arms"]
+            if r["match"] == "flops" and r.get("budget_bytes") == budget}
+    for (a, seed), r in rows.items():
+        if a == arm and (base, seed) in rows:
+            b = rows[base, seed]
+            pairs[seed] = (r["test"]["bpb"] - b["test"]["bpb"], r["val"]["bpb"] - b["val"]["bpb"])
+    return dict(sorted(pairs.items()))
+
+
+def interval(d: list[float]) -> str:
+    m, se = statistics.mean(d), statistics.stdev(d) / math.sqrt(len(d))
+    half = arms.T95.get(len(d) - 1, 1.96) * se
+    verdict = "tie" if m - half <= 0 <= m + half else ("learned better" if m < 0 else "uniform better")
+    return f"{m:+.4f} [{m - half:+.4f}, {m + half:+.4f}] {verdict}, t = {abs(m) / se:.2f}"
+
+
+def cmd_headline(args) -> None:
+    """The headline pair's paired differences per seed and over each declared seed set (complete sets only)."""
+    here = Path(__file__).resolve().parent
+    results = json.loads(_results_path(args).read_text())
+    pairs = headline_pairs(results, json.loads((here / "headline_seeds_10-13.json").read_text()))
+    print("seed | learned-w1-vb - uniform, test | validation")
+    for seed, (t, v) in pairs.items():
+        print(f"{seed} | {t:+.4f} | {v:+.4f}")
+    for name, seeds in DECLARED.items():
+        have = [s for s in seeds if s in pairs]
+        if len(have) < len(seeds):
+            print(f"{name} (seeds {seeds[0]}-{seeds[-1]}): {len(have)} of {len(seeds)} seeds finished, not reported")
+            continue
+        print(f"{name} (seeds {seeds[0]}-{seeds[-1]}): test {interval([pairs[s][0] for s in seeds])}; "
+              f"validation {interval([pairs[s][1] for s in seeds])}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -159,11 +203,13 @@ def main() -> None:
     rn.add_argument("--eval-points", type=int, default=8, help="validation evaluations during training")
     rp = sub.add_parser("report", help="write OUT/results.md and OUT/leaderboard.png")
     rp.add_argument("--out", default="runs/leaderboard")
-    for p in (rn, rp):
+    hl = sub.add_parser("headline", help="the headline pair's paired differences over its declared seed sets")
+    hl.add_argument("--out", default="runs/leaderboard")
+    for p in (rn, rp, hl):
         p.add_argument("--results", default="", help="the results file (default OUT/results.json): finished "
                        "arms are kept there and skipped; a file under version control outlives the run directories")
     args = ap.parse_args()
-    {"run": cmd_run, "report": cmd_report}[args.cmd](args)
+    {"run": cmd_run, "report": cmd_report, "headline": cmd_headline}[args.cmd](args)
 
 
 if __name__ == "__main__":
