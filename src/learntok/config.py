@@ -195,7 +195,8 @@ class TrainConfig(Generic[B]):
     memory for long sequences, about one more forward pass of compute."""
     compile: bool = False
     """torch.compile the model's two training stages (encoder + boundaries; the rest + losses) with static
-    token shapes: --token-bucket N, 64 when not given (one graph per bucket; docs/gpu.md). Evaluation runs
+    token shapes: --token-bucket N, 64 when not given (one graph per bucket; docs/gpu.md). Each stage is one
+    graph (fullgraph: a graph break is an error) except for a policy window wider than 8. Evaluation runs
     eagerly."""
     threads: int = 0
     """CPU threads for PyTorch (0 = PyTorch's default)."""
