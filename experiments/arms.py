@@ -183,6 +183,12 @@ def mean_se(xs: list[float], digits: int = 4) -> str:
     return f"{statistics.mean(xs):.{digits}f} ± {statistics.stdev(xs) / math.sqrt(len(xs)):.{digits}f}"
 
 
+def t_interval(d: list[float]) -> tuple[float, float, float]:
+    """(mean, half-width of its 95 % Student-t interval, standard error) of paired differences (>= 2)."""
+    m, se = statistics.mean(d), statistics.stdev(d) / math.sqrt(len(d))
+    return m, T95.get(len(d) - 1, 1.96) * se, se
+
+
 def paired(rows: list[dict], arm: str, base: str, split: str = "test") -> str:
     """base - arm in BPB, paired by seed at the same budget: mean, 95 % CI, and the reading, which names the
     better of the two ("tie" when the interval covers 0)."""
@@ -190,8 +196,7 @@ def paired(rows: list[dict], arm: str, base: str, split: str = "test") -> str:
     d = [by[base, s] - by[arm, s] for (a, s) in by if a == arm and (base, s) in by]
     if len(d) < 2:
         return "—" if not d else f"{d[0]:+.4f} (1 seed)"
-    m, se = statistics.mean(d), statistics.stdev(d) / math.sqrt(len(d))
-    half = T95.get(len(d) - 1, 1.96) * se
+    m, half, _ = t_interval(d)
     verdict = "tie" if m - half <= 0 <= m + half else f"{arm if m > 0 else base} better"
     return f"{m:+.4f} [{m - half:+.4f}, {m + half:+.4f}] {verdict} ({len(d)} seeds)"
 

@@ -167,8 +167,7 @@ def headline_pairs(results: dict, transcribed: dict) -> dict[int, tuple[float, f
 
 
 def interval(d: list[float]) -> str:
-    m, se = statistics.mean(d), statistics.stdev(d) / math.sqrt(len(d))
-    half = arms.T95.get(len(d) - 1, 1.96) * se
+    m, half, se = arms.t_interval(d)
     verdict = "tie" if m - half <= 0 <= m + half else ("learned better" if m < 0 else "uniform better")
     return f"{m:+.4f} [{m - half:+.4f}, {m + half:+.4f}] {verdict}, t = {abs(m) / se:.2f}"
 

@@ -19,6 +19,5 @@ def shape_cache(maxsize: int = 64):
         def call(*args, **kwargs):
             return fn(*args, **kwargs) if torch.compiler.is_compiling() else cached(*args, **kwargs)
 
-        call.cache_clear = cached.cache_clear
         return call
     return wrap
