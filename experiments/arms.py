@@ -53,6 +53,8 @@ learntok.boundaries.bpe.heldout_rate: 0.306; 8192 tokens give 0.272, 16384 give 
 EVAL_BYTES = 262_144
 T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
 """Two-sided 95 % Student t quantiles by degrees of freedom."""
+T975 = {1: 25.45, 2: 6.21, 3: 4.18, 4: 3.50, 5: 3.16, 6: 2.97, 7: 2.84, 8: 2.75, 9: 2.69}
+"""Two-sided 97.5 % quantiles: a 95 % interval Bonferroni-split over two looks at one growing seed set."""
 
 
 def arm_flags(name: str, rate: float) -> list[str]:
@@ -183,10 +185,11 @@ def mean_se(xs: list[float], digits: int = 4) -> str:
     return f"{statistics.mean(xs):.{digits}f} ± {statistics.stdev(xs) / math.sqrt(len(xs)):.{digits}f}"
 
 
-def t_interval(d: list[float]) -> tuple[float, float, float]:
-    """(mean, half-width of its 95 % Student-t interval, standard error) of paired differences (>= 2)."""
+def t_interval(d: list[float], table: dict[int, float] = T95) -> tuple[float, float, float]:
+    """(mean, half-width of its Student-t interval, standard error) of paired differences (>= 2); 95 % unless
+    another quantile table is given."""
     m, se = statistics.mean(d), statistics.stdev(d) / math.sqrt(len(d))
-    return m, T95.get(len(d) - 1, 1.96) * se, se
+    return m, table.get(len(d) - 1, 1.96 if table is T95 else 2.24) * se, se
 
 
 def paired(rows: list[dict], arm: str, base: str, split: str = "test") -> str:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
+import statistics
 import sys
 from pathlib import Path
 
@@ -102,7 +104,7 @@ def test_leaderboard_runs_resumes_and_reports(tmp_path, text_corpus, monkeypatch
     json.loads(record.read_text())
 
 
-def test_headline_reports_a_declared_seed_set_only_when_it_is_complete(capsys, monkeypatch):
+def test_headline_reports_a_declared_seed_set_only_when_it_is_complete(capsys, monkeypatch, tmp_path):
     """The pair's seeds 10-13 come from the transcribed file, later ones from the record; a seed set declared in
     advance is summarised only once all its seeds have run (no peeking at a growing interval)."""
     spec = importlib.util.spec_from_file_location("leaderboard_run", Path(arms.__file__).parent / "leaderboard/run.py")
@@ -127,3 +129,25 @@ def test_headline_reports_a_declared_seed_set_only_when_it_is_complete(capsys, m
     leaderboard.main()
     out = capsys.readouterr().out
     assert "(seeds 10-14): test -0.0221 [-0.0552, +0.0111] tie, t = 1.85" in out
+
+    # a complete extension (seeds 14-18 made up here) adds the 9-seed set, its two-look (97.5 %) interval and the
+    # replication by the new seeds 15-18 alone, each from its own seeds' differences
+    made_up = {14: -0.011, 15: -0.032, 16: +0.013, 17: -0.047, 18: -0.023}
+    results = {"arms": [r for seed, d in made_up.items()
+                        for r in (row("learned-w1-vb", seed, 2.0 + d, 2.0 + d), row("uniform", seed, 2.0, 2.0))]}
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(results))
+    monkeypatch.setattr(sys, "argv", ["run.py", "headline", "--results", str(path)])
+    leaderboard.main()
+    lines = capsys.readouterr().out.splitlines()
+    transcribed = json.loads((Path(arms.__file__).parent / "leaderboard" / "headline_seeds_10-13.json").read_text())
+    nine = [r["test"]["learned-w1-vb"] - r["test"]["uniform"] for r in transcribed["seeds"]] + list(made_up.values())
+
+    def expected(d, t):
+        m, se = statistics.mean(d), statistics.stdev(d) / math.sqrt(len(d))
+        return f"test {m:+.4f} [{m - t * se:+.4f}, {m + t * se:+.4f}]"
+
+    extension = next(i for i, line in enumerate(lines) if "(seeds 10-18)" in line)
+    assert expected(nine, 2.31) in lines[extension]
+    assert "97.5 %" in lines[extension + 1] and expected(nine, 2.75) in lines[extension + 1]
+    assert "(15-18, a replication)" in lines[extension + 2] and expected(nine[5:], 3.18) in lines[extension + 2]
