@@ -18,10 +18,12 @@ sampling boundaries.
 from __future__ import annotations
 
 import argparse
+import collections
 import statistics
 import time
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import learntok.boundaries.learned as learned_mod
 from learntok.boundaries import boundary_config
@@ -78,6 +80,34 @@ class Runner:
         self.opt.zero_grad(set_to_none=True)
 
 
+class OpCounter(TorchDispatchMode):
+    """Counts the aten calls (and the elements they return) of whatever runs inside it: a machine-independent
+    measure of how much an eager step does, for comparing two versions of the code on a noisy machine."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls, self.elements = collections.Counter(), 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.calls[str(func)] += 1
+        self.elements += out.numel() if isinstance(out, torch.Tensor) else 0
+        return out
+
+
+def count_ops(configs: list[str]) -> None:
+    """One eager training step per config and strategy (after one warm-up step), counted op by op."""
+    print(f"{'config':18s} {'strategy':9s} {'aten calls':>10s} {'elements':>14s}")
+    for name in configs:
+        mcfg, B, T = CONFIGS[name]
+        for s in ("learned", "uniform"):
+            r = Runner(mcfg, s, B, T, compile=False)
+            r.step()
+            with OpCounter() as c:
+                r.step()
+            print(f"{name:18s} {s:9s} {sum(c.calls.values()):10d} {c.elements:14d}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
@@ -85,7 +115,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4, help="timed steps per round and runner")
     ap.add_argument("--compile", action="store_true", help="torch.compile the model (warm-up not timed)")
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps per runner (use ~8 with --compile)")
+    ap.add_argument("--count-ops", action="store_true",
+                    help="instead of timing, count one eager step's aten calls (machine-independent)")
     args = ap.parse_args()
+    if args.count_ops:
+        return count_ops(args.configs)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, compile={args.compile}")
     if not args.compile:
         time_the_sampler()
