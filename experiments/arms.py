@@ -53,11 +53,12 @@ RATE_FREE = {"whitespace": None, "whitespace-ee": None, "flat": 1.0, "bpe-lm": 0
              "learned-w1-vb-rate188": 0.2}
 """Arms whose rate is not --target-rate: None = the text's (whitespace), else the rate to budget FLOPs with
 (flat: every byte; bpe-lm: tokens per byte of the 4096-token BPE on enwiki's validation text, measured with
-learntok.boundaries.bpe.heldout_rate: 0.306; 8192 tokens give 0.272, 16384 give 0.246)."""
+learntok.boundaries.bpe.heldout_rate: 0.306; 8192 tokens give 0.272, 16384 give 0.246; learned-w1-vb-rate188
+sets its own lower --target-rate and is budgeted at uniform's 0.2, the rate it is meant to realise)."""
 EVAL_BYTES = 262_144
-T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
-"""Two-sided 95 % Student t quantiles by degrees of freedom."""
-T975 = {1: 25.45, 2: 6.21, 3: 4.18, 4: 3.50, 5: 3.16, 6: 2.97, 7: 2.84, 8: 2.75, 9: 2.69}
+T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, math.inf: 1.96}
+"""Two-sided 95 % Student t quantiles by degrees of freedom (math.inf: the normal limit, used past 9)."""
+T975 = {1: 25.45, 2: 6.21, 3: 4.18, 4: 3.50, 5: 3.16, 6: 2.97, 7: 2.84, 8: 2.75, 9: 2.69, math.inf: 2.24}
 """Two-sided 97.5 % quantiles: a 95 % interval Bonferroni-split over two looks at one growing seed set."""
 
 
@@ -193,7 +194,7 @@ def t_interval(d: list[float], table: dict[int, float] = T95) -> tuple[float, fl
     """(mean, half-width of its Student-t interval, standard error) of paired differences (>= 2); 95 % unless
     another quantile table is given."""
     m, se = statistics.mean(d), statistics.stdev(d) / math.sqrt(len(d))
-    return m, table.get(len(d) - 1, 1.96 if table is T95 else 2.24) * se, se
+    return m, table.get(len(d) - 1, table[math.inf]) * se, se
 
 
 def paired(rows: list[dict], arm: str, base: str, split: str = "test") -> str:
