@@ -119,7 +119,7 @@ def test_local_statistics_would_differ(tmp_path, cfg, monkeypatch):
     import learntok.train.parallel as parallel
 
     _run(replace(cfg, out=str(tmp_path / "full")), world=1)
-    monkeypatch.setattr(parallel.RecordStats, "global_stats", lambda self, d: (lambda s: s))
+    monkeypatch.setattr(parallel.GlobalStats, "reducer", lambda self, pre_pass: None)
     _run(replace(cfg, out=str(tmp_path / "local"), micro_batch_size=2), world=1)
     a, b = _weights(tmp_path / "full"), _weights(tmp_path / "local")
     assert max(float((a[k] - b[k]).abs().max()) for k in a) > 1e-4
@@ -146,3 +146,30 @@ def test_fsdp2_two_processes_equal_one_process(tmp_path, cfg):
     _run(replace(cfg, out=str(tmp_path / "one")), world=1)
     _run(replace(cfg, out=str(tmp_path / "fsdp"), parallel="fsdp", ckpt_every=2), world=2)
     _assert_same(_weights(tmp_path / "one"), _weights(tmp_path / "fsdp"), atol=2e-5)
+
+
+def test_lagged_statistics_two_processes_equal_one_process_with_accumulation(tmp_path, cfg):
+    """--batch-stats lagged uses the previous step's global batch (the first step: each micro-batch's own), so
+    2 processes x 2 rows and 1 process x 2 micro-batches of 2 rows make the same updates; and they differ from
+    the pre-pass's current-batch statistics (the check can fail)."""
+    lagged = replace(cfg, batch_stats="lagged", max_steps=4)
+    _run(replace(lagged, out=str(tmp_path / "acc"), micro_batch_size=2), world=1)
+    _run(replace(lagged, out=str(tmp_path / "two")), world=2)
+    _assert_same(_weights(tmp_path / "acc"), _weights(tmp_path / "two"), atol=2e-5)
+    _run(replace(lagged, out=str(tmp_path / "prepass"), micro_batch_size=2, batch_stats="prepass"), world=1)
+    a, b = _weights(tmp_path / "acc"), _weights(tmp_path / "prepass")
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) > 1e-4
+
+
+def test_lagged_statistics_resume_like_uninterrupted(tmp_path, cfg):
+    """The lag is part of the checkpoint: a run resumed from step 2 ends with the uninterrupted run's weights."""
+    import shutil
+
+    lagged = replace(cfg, batch_stats="lagged", max_steps=4, micro_batch_size=2)
+    _run(replace(lagged, out=str(tmp_path / "full")), world=1)
+    part = replace(lagged, out=str(tmp_path / "part"), ckpt_every=2)
+    _run(part, world=1)
+    shutil.rmtree(tmp_path / "part" / "step_000004")
+    (tmp_path / "part" / "latest").write_text("step_000002\n")
+    _run(replace(part, resume=str(tmp_path / "part")), world=1)
+    _assert_same(_weights(tmp_path / "full"), _weights(tmp_path / "part"), atol=1e-7)

@@ -51,7 +51,7 @@ def _forcing(patterns: torch.Tensor) -> torch.Tensor:
     return torch.where(patterns, torch.zeros(()), torch.full((), 1 - 1e-7))
 
 
-def _batch_update(pol, x, logp, early, patterns: torch.Tensor, params) -> list[torch.Tensor]:
+def _batch_update(pol, x, logp, early, patterns: torch.Tensor, params, reduce=None) -> list[torch.Tensor]:
     """The per-row estimate of grad J that one batch of rows with these boundary patterns gives through
     `losses`: minus the gradient of loss/policy times the free decisions per row (the loss is a per-decision
     mean)."""
@@ -59,7 +59,7 @@ def _batch_update(pol, x, logp, early, patterns: torch.Tensor, params) -> list[t
     out = pol.propose(x.expand(B, T, D), torch.zeros(B, T, dtype=torch.long), noise=_forcing(patterns),
                       generator=None)
     assert torch.equal(out.mask, patterns)
-    terms = pol.losses(out, logp(out.mask), early.expand(B, T), torch.ones(B, T, dtype=torch.bool))
+    terms = pol.losses(out, logp(out.mask), early.expand(B, T), torch.ones(B, T, dtype=torch.bool), reduce=reduce)
     return [-(T - 1) * g for g in torch.autograd.grad(terms["loss/policy"], params)]
 
 
@@ -78,14 +78,14 @@ def _exact_gradient(pol, x, logp, early, params) -> list[torch.Tensor]:
     return list(torch.autograd.grad(j, params))
 
 
-def _expected_update(pol, x, logp, early, B: int, params) -> list[torch.Tensor]:
+def _expected_update(pol, x, logp, early, B: int, params, reduce=None) -> list[torch.Tensor]:
     """E over batches of B independent rows of `_batch_update`: every B-tuple of patterns, weighted."""
     pats = _patterns()
     pi = _log_pi(pol, x).detach().exp()  # (8,)
     total = [torch.zeros_like(p) for p in params]
     for combo in itertools.product(range(len(pats)), repeat=B):
         w = float(torch.prod(pi[list(combo)]))
-        for acc, g in zip(total, _batch_update(pol, x, logp, early, pats[list(combo)], params)):
+        for acc, g in zip(total, _batch_update(pol, x, logp, early, pats[list(combo)], params, reduce)):
             acc += w * g
     return total
 
@@ -174,3 +174,21 @@ def test_leave_one_out_over_samples_of_one_text_is_the_exact_gradient(K):
     pol1, *rest = _setup()  # the same policy (same seed) with the batch-mean baseline of eq. 17
     batch_mean = _flat(_expected_update(pol1, *rest, K, [pol1.proj.weight]))
     torch.testing.assert_close(batch_mean, (1 - 1 / K) * exact, rtol=1e-4, atol=1e-6)  # it shrinks
+
+
+@pytest.mark.parametrize("B", [1, 2])
+def test_a_lagged_batch_mean_is_an_unbiased_baseline(B):
+    """--batch-stats lagged: every row's baseline is an earlier batch's per-position mean return, which does not
+    depend on this batch's draws. Through the real losses the expected update is exactly grad J (no (1 - 1/B)
+    shrinkage, even at B = 1), whatever the earlier batch was."""
+    from learntok.train.parallel import FixedStats
+
+    pol, x, logp, early = _setup()
+    params = [pol.proj.weight]
+    exact = _flat(_exact_gradient(pol, x, logp, early, params))
+    pats = _patterns()[[2, 5, 7]]  # an earlier batch of the same policy: its statistics, as the loop keeps them
+    out = pol.propose(x.expand(3, T, D), torch.zeros(3, T, dtype=torch.long), noise=_forcing(pats), generator=None)
+    earlier = pol.losses(out, logp(pats), early.expand(3, T), torch.ones(3, T, dtype=torch.bool))["batch_stats"]
+    assert float(earlier.g_sum.abs().sum()) > 0
+    lagged = _flat(_expected_update(pol, x, logp, early, B, params, reduce=FixedStats(earlier)))
+    torch.testing.assert_close(lagged, exact, rtol=1e-4, atol=1e-6)

@@ -183,6 +183,13 @@ class TrainConfig(Generic[B]):
     """Seed for initialisation, data order and boundary sampling."""
     device: str = "auto"
     """cpu, cuda, cuda:N or auto (CUDA when available)."""
+    batch_stats: Literal["prepass", "lagged"] = "prepass"
+    """Where the estimator's batch-relative baseline (and the rate loss's mean p) comes from when a micro-batch
+    is not the whole batch (accumulation, several processes). prepass: the current global batch, eq. 17
+    exactly, at the price of one no-grad forward pass per micro-batch under accumulation. lagged: the previous
+    step's global batch: no pre-pass, still unbiased (the baseline does not depend on the current draws), the
+    rate controller one step late (not in the paper; docs/distributed.md). No effect in one process without
+    accumulation."""
     parallel: Literal["ddp", "fsdp"] = "ddp"
     """Under torchrun: DistributedDataParallel, or FSDP2 (fully_shard per block) for models that do not fit
     one device. Ignored in a single process."""

@@ -23,6 +23,10 @@ import torch.nn as nn
 
 from learntok.boundaries.pooling import RunningMean, Tokens, distribute_add, mean_pool, select
 
+BATCH_STATS = "batch_stats"
+"""Key under which `losses` may return this micro-batch's local `BatchStatistics` sums (not a loss, not logged):
+the model hands them out as `ModelOutput.batch_stats`, for the training loop to reduce over the global batch."""
+
 LearnsBy = Literal["score_function", "straight_through", "prescribed", "random"]
 
 
@@ -228,7 +232,9 @@ class BoundaryStrategy(nn.Module):
 
         logp, logp_early: (B,T) log-likelihood of each position's target under the main and early-exit
         heads (detached). valid: (B,T) bool, False at padding. reduce: maps this micro-batch's
-        `BatchStatistics` sums to the global batch's (learntok.train.parallel); None = this batch is global."""
+        `BatchStatistics` sums to the global batch's (learntok.train.parallel); None = this batch is global.
+        A strategy that uses `reduce` also returns the local sums it gave it under the key BATCH_STATS. `reduce`
+        is a pure function: code here may run inside a compiled graph, so it must not mutate Python state."""
         return {}
 
     def matrix_params(self) -> int:

@@ -21,6 +21,7 @@ import torch
 import torch.nn as nn
 
 from learntok.boundaries.base import (
+    BATCH_STATS,
     BoundaryOutput,
     BoundaryStrategy,
     SampledConfig,
@@ -206,4 +207,5 @@ class LearnedBoundaries(BoundaryStrategy):
             "reinforce/adv_std": masked_std(adv.detach(), kf),
             "reinforce/reward_mean": (r * kf).sum() / n,
             **extra,
+            BATCH_STATS: local,
         }

@@ -26,7 +26,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from learntok.boundaries import BoundaryConfig, BoundaryOutput, build_strategy
-from learntok.boundaries.base import override_boundaries
+from learntok.boundaries.base import BATCH_STATS, override_boundaries
+from learntok.boundaries.reinforce import BatchStatistics
 from learntok.config import ModelConfig
 from learntok.nn.attention import softcap
 from learntok.nn.cache import KVCache
@@ -54,6 +55,9 @@ class ModelOutput:
     """(B,) real tokens per sequence at the token level."""
     token_slots: int | None = None
     """Token-level length per sequence under --token-bucket (static shapes), None when packed."""
+    batch_stats: BatchStatistics | None = None
+    """This micro-batch's local sums of the estimator's batch statistics (strategies that use rewards), for the
+    training loop to reduce over the global batch (learntok.train.parallel)."""
 
     @property
     def pad_share(self) -> torch.Tensor | None:
@@ -248,6 +252,7 @@ class ByteLM(nn.Module):
         nll_early = nll_of(self._head(self.norm_early, self.head_early, x_early))
         l_auto, l_early = nll.sum() / n, nll_early.sum() / n
         aux = self.boundary.losses(res.boundaries, -nll.detach(), -nll_early.detach(), valid, reduce=batch_stats)
+        res.batch_stats = aux.pop(BATCH_STATS, None)
         w_auto = 1.0 - cfg.lambda_early if cfg.code_loss_weights else 1.0
         total = w_auto * l_auto + cfg.lambda_early * l_early
         for k, v in aux.items():

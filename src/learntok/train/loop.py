@@ -31,12 +31,12 @@ from learntok.nn.attention import FLEX_CPU_TRAINING
 from learntok.train.logs import Sinks, StepMetrics
 from learntok.train.parallel import (
     Dist,
+    GlobalStats,
     all_reduce_max,
     all_reduce_sum,
     boundary_noise,
     init_distributed,
     load_optimizer_state,
-    stats_reducer,
     wrap_model,
 )
 from learntok.train.preempt import StopRequest
@@ -103,7 +103,7 @@ def train(cfg: TrainConfig, *, log=print, on_eval: EvalHook | None = None) -> Ru
     batches, val_seqs = load_data(cfg, model, out, d, per_rank // k, log)
     val = val_batches_with_flags(val_seqs, micro, cfg.data.val_bytes)
     ckpt = open_run_dir(out, bool(cfg.resume), cfg.overwrite, d, log)
-    state, optim_state, window_state = restore_state(ckpt, model, batches) if ckpt else (TrainState(), None, None)
+    state, optim_state, saved = restore_state(ckpt, model, batches) if ckpt else (TrainState(), None, {})
     if ckpt is not None:
         log(f"resumed from {ckpt} at step {state.step}")
     sharded = cfg.parallel == "fsdp" and d.active
@@ -126,8 +126,10 @@ def train(cfg: TrainConfig, *, log=print, on_eval: EvalHook | None = None) -> Ru
                   total=steps if steps < UNBOUNDED_STEPS else None, initial=state.step, log=log)
     clock = Stopwatch(state.elapsed)
     window = StepMetrics((state.elapsed, state.bytes_seen))
-    if window_state is not None:
-        window.load_state_dict(window_state)
+    if saved.get("window") is not None:
+        window.load_state_dict(saved["window"])
+    stats = GlobalStats(d, accum, cfg.batch_stats)
+    stats.load_state_dict(saved.get("batch_stats"), d.device)
     saved_at, bad_run = (state.step if ckpt is not None else -1), 0
 
     def save(barrier: bool = True) -> None:
@@ -136,7 +138,7 @@ def train(cfg: TrainConfig, *, log=print, on_eval: EvalHook | None = None) -> Ru
             return
         agreed = barrier or not d.active  # agreeing on the window is collective: not after Ctrl-C under torchrun
         save_state(out, model, wrapped, opt, batches, state, d, sharded=sharded, barrier=barrier,
-                   window=window.state_dict(d) if agreed else None)
+                   window=window.state_dict(d) if agreed else None, batch_stats=stats.state_dict())
         saved_at = state.step
 
     def evaluate(final: bool) -> dict:
@@ -177,7 +179,8 @@ def train(cfg: TrainConfig, *, log=print, on_eval: EvalHook | None = None) -> Ru
                            cfg.time_budget)
                 for group in opt.param_groups:
                     group["lr"] = lr
-                tokens, bad = train_step(cfg, model, wrapped, opt, batches, state.step, d, micro, accum, window)
+                tokens, bad = train_step(cfg, model, wrapped, opt, batches, state.step, d, micro, accum, window,
+                                         stats)
                 state.step += 1
                 state.bytes_seen += bytes_per_step
                 state.tokens_seen += tokens
@@ -264,10 +267,10 @@ def load_data(cfg: TrainConfig, model: ByteLM, out: Path, d: Dist, per_rank: int
 
 
 def train_step(cfg: TrainConfig, model: ByteLM, wrapped, opt, batches: BatchIterator, step: int, d: Dist,
-               micro: int, accum: int, window: StepMetrics) -> tuple[int, str]:
+               micro: int, accum: int, window: StepMetrics, stats: GlobalStats) -> tuple[int, str]:
     """One optimizer update on this process's rows of the next global batch. Returns the tokens the whole update
     formed (all processes) and "" or, when the update was skipped because a loss or the gradient norm was not
-    finite on some process, what was wrong."""
+    finite on some process, what was wrong. `stats` gives the estimator the global batch's statistics."""
     batch, flags = batches.next_with_flags()  # (per_rank / K, seq_len + 1) ids, flags or None
     k = model.boundary.samples_per_sequence
     if k > 1:  # K boundary samples per sequence: consecutive copies (their noise differs by global row)
@@ -281,13 +284,12 @@ def train_step(cfg: TrainConfig, model: ByteLM, wrapped, opt, batches: BatchIter
              for i in range(0, batch.shape[0], micro)]
     mixed = autocast(resolve_precision(cfg.precision, d.device), d.device)
 
-    def pre_pass(recorder) -> None:  # the micro-batches once without gradients, for the global statistics
+    def pre_pass() -> list:  # the micro-batches once without gradients: their local statistics
         with torch.no_grad(), mixed:
-            for mb in parts:
-                model(mb.ids, mb.targets, noise=mb.noise, prescribed=mb.prescribed, batch_stats=recorder)
+            return [model(mb.ids, mb.targets, noise=mb.noise, prescribed=mb.prescribed).batch_stats for mb in parts]
 
-    reducer = stats_reducer(d, accum, pre_pass) if model.boundary.uses_rewards else None
-    tokens, losses = [], []
+    reducer = stats.reducer(pre_pass) if model.boundary.uses_rewards else None
+    tokens, losses, local = [], [], []
     for i, mb in enumerate(parts):
         sync = contextlib.nullcontext()
         if d.active and cfg.parallel == "ddp" and i < accum - 1:
@@ -298,7 +300,10 @@ def train_step(cfg: TrainConfig, model: ByteLM, wrapped, opt, batches: BatchIter
             (out.loss / accum).backward()
         tokens.append(out.n_tokens.sum())
         losses.append(out.loss.detach())
+        if out.batch_stats is not None:
+            local.append(out.batch_stats)
         window.add_micro(out, accum)  # on the device: read at log intervals
+    stats.observe(local)
     clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
     if hasattr(norm, "full_tensor"):  # FSDP2: a DTensor over the shards

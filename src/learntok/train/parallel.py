@@ -5,18 +5,23 @@ size 1.
 
 The estimator's batch statistics (per-position mean return, eq. 17; mean p for eq. 24) must be those of the
 global batch, across ranks and accumulation micro-steps. `BatchStatistics` carries their sums; a reducer maps
-the local sums of one micro-batch to the global ones:
+the local sums of one micro-batch to the global ones (`GlobalStats.reducer` picks it each step):
 
-- `local_stats`        one process, no accumulation: the micro-batch is the global batch;
+- None                 one process, no accumulation: the micro-batch is the global batch;
 - `AllReduceStats`     several ranks, no accumulation: all-reduce the sums inside the forward pass;
-- `RecordStats`/`FixedStats`  accumulation: a no-grad pre-pass over the step's micro-batches (same boundary
-                       noise) records the sums, they are all-reduced once, and the training pass uses them.
+- `FixedStats`         accumulation, `--batch-stats prepass` (the default, eq. 17 exactly): a no-grad pre-pass
+                       over the step's micro-batches (same boundary noise) returns each one's sums with its
+                       output, the loop adds them and all-reduces them once, and the training pass uses them;
+                       `--batch-stats lagged`: the previous step's global sums (no pre-pass; see `GlobalStats`).
+
+Reducers are pure functions of their input: a compiled stage must not mutate Python state (dynamo would guard
+on it and recompile per micro-batch).
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -105,25 +110,8 @@ class AllReduceStats:
         return BatchStatistics.unstack(all_reduce_sum(s.stacked(), self.d), s.g_sum.shape[0])
 
 
-class RecordStats:
-    """Pre-pass: remember each micro-batch's local sums (and use them locally meanwhile)."""
-
-    def __init__(self):
-        self.seen: list[BatchStatistics] = []
-
-    def __call__(self, s: BatchStatistics) -> BatchStatistics:
-        self.seen.append(BatchStatistics(*(getattr(s, f.name).detach() for f in fields(s))))
-        return s
-
-    def global_stats(self, d: Dist) -> FixedStats:
-        total = self.seen[0]
-        for s in self.seen[1:]:
-            total = total + s
-        return FixedStats(BatchStatistics.unstack(all_reduce_sum(total.stacked(), d), total.g_sum.shape[0]))
-
-
 class FixedStats:
-    """Training pass after a pre-pass: the global sums are already known."""
+    """The global sums are already known (from the pre-pass, or the previous step's under `lagged`)."""
 
     def __init__(self, s: BatchStatistics):
         self.s = s
@@ -132,17 +120,73 @@ class FixedStats:
         return self.s
 
 
-def stats_reducer(d: Dist, accum: int, pre_pass) -> AllReduceStats | FixedStats | None:
-    """The reducer that gives the estimator the global batch's statistics: none needed in one process without
-    accumulation; an all-reduce inside the forward pass across ranks; with accumulation, `pre_pass(recorder)`
-    runs every micro-batch once without gradients to record their sums, which are then all-reduced once."""
-    if not d.active and accum == 1:
-        return None
-    if accum == 1:
-        return AllReduceStats(d)
-    rec = RecordStats()
-    pre_pass(rec)
-    return rec.global_stats(d)
+class LaggedStats:
+    """`--batch-stats lagged`: the previous step's global sums, or at the first step (none yet) each
+    micro-batch's own (under --compile, one more stage-2 graph for that step)."""
+
+    def __init__(self, previous: BatchStatistics | None):
+        self.previous = previous
+
+    def __call__(self, local: BatchStatistics) -> BatchStatistics:
+        if self.previous is None:
+            return local
+        return self.previous
+
+
+def global_sum(parts: list[BatchStatistics], d: Dist) -> BatchStatistics:
+    """The sum of micro-batches' local sums over this process's micro-batches and all ranks (one all-reduce)."""
+    total = parts[0]
+    for s in parts[1:]:
+        total = total + s
+    return BatchStatistics.unstack(all_reduce_sum(total.stacked(), d), total.g_sum.shape[0])
+
+
+class GlobalStats:
+    """Where the estimator's global-batch statistics come from, step after step (`--batch-stats`).
+
+    prepass (default): the current step's global batch, as eq. 17 defines the baseline; under accumulation this
+    costs a no-grad forward pass per micro-batch (about a third of a step's compute).
+    lagged: the previous step's global batch. The baseline mean_b G_t is then independent of the current
+    draws, so the policy gradient stays unbiased (a baseline need only not depend on a_t); the rate loss's
+    mean p and --normalize-advantage's spread lag one step too, a change of the controller, not of the model.
+    No pre-pass; the first step (no previous one) uses each micro-batch's own statistics. The lag is part of a
+    checkpoint (`state_dict`), so a resumed run continues as the uninterrupted one."""
+
+    def __init__(self, d: Dist, accum: int, mode: str = "prepass"):
+        if mode not in ("prepass", "lagged"):
+            raise ValueError(f"batch_stats must be prepass or lagged, got {mode!r}")
+        self.d, self.accum, self.mode = d, accum, mode
+        self.previous: BatchStatistics | None = None
+        """The last step's global sums (lagged)."""
+
+    @property
+    def needed(self) -> bool:
+        """A micro-batch is not the global batch: statistics must be reduced."""
+        return self.d.active or self.accum > 1
+
+    def reducer(self, pre_pass) -> AllReduceStats | FixedStats | None:
+        """The reducer for this step's training pass. `pre_pass()` runs every micro-batch once without
+        gradients and returns their local sums (called only for prepass under accumulation)."""
+        if not self.needed:
+            return None
+        if self.mode == "lagged":
+            return LaggedStats(self.previous)
+        if self.accum == 1:
+            return AllReduceStats(self.d)
+        return FixedStats(global_sum(pre_pass(), self.d))
+
+    def observe(self, parts: list[BatchStatistics]) -> None:
+        """The step's micro-batches' local sums, after its training pass: the next step's lag (lagged only)."""
+        if self.needed and self.mode == "lagged" and parts:
+            self.previous = global_sum(parts, self.d)
+
+    def state_dict(self) -> dict | None:
+        if self.previous is None:
+            return None
+        return {"stacked": self.previous.stacked().detach().cpu(), "T": self.previous.g_sum.shape[0]}
+
+    def load_state_dict(self, sd: dict | None, device: torch.device) -> None:
+        self.previous = None if sd is None else BatchStatistics.unstack(sd["stacked"].to(device), sd["T"])
 
 
 def reduce_means(rec: dict[str, float], d: Dist, max_keys: tuple[str, ...] = ()) -> dict[str, float]:

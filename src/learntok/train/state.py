@@ -131,25 +131,27 @@ def write_config(out: Path, cfg: TrainConfig, world: int) -> None:
 
 
 def save_state(out: Path, model, wrapped, opt, batches: BatchIterator, state: TrainState, d: Dist, *, sharded: bool,
-               window: dict | None = None, barrier: bool = True) -> None:
+               window: dict | None = None, batch_stats: dict | None = None, barrier: bool = True) -> None:
     """Write a checkpoint of `state.step`, with the log window's accumulators (`window`, already agreed over
-    ranks) so that the first metric line after a resume is the uninterrupted run's. Gathering FSDP2 shards is
-    collective, so every rank calls this; rank 0 writes."""
+    ranks) so that the first metric line after a resume is the uninterrupted run's, and the estimator's lagged
+    statistics (`batch_stats`, --batch-stats lagged). Gathering FSDP2 shards is collective, so every rank calls
+    this; rank 0 writes."""
     tensors, optim = full_state(model, wrapped, opt, sharded)
     if d.is_main:
         save_checkpoint(out, state.step, tensors, {
             "optimizer": optim, "data": batches.state_dict(), "torch_rng": torch.get_rng_state(),
-            **dataclasses.asdict(state), "world_size": d.world, "window": window})
+            **dataclasses.asdict(state), "world_size": d.world, "window": window, "batch_stats": batch_stats})
     if barrier and d.active:
         tdist.barrier()
 
 
-def restore_state(ckpt: Path, model, batches: BatchIterator) -> tuple[TrainState, dict, dict | None]:
+def restore_state(ckpt: Path, model, batches: BatchIterator) -> tuple[TrainState, dict, dict]:
     """Load a checkpoint's weights into `model` (before any sharding), the data position into `batches` and the
-    torch RNG; returns the counters, the (full) optimizer state dict and the log window's accumulators (None in
-    checkpoints without them)."""
+    torch RNG; returns the counters, the (full) optimizer state dict and what else `save_state` stored:
+    `window` (the log window's accumulators) and `batch_stats` (the estimator's lagged statistics), each None
+    when absent (older checkpoints)."""
     raw = load_checkpoint(ckpt, model)
     batches.load_state_dict(raw["data"])
     torch.set_rng_state(raw["torch_rng"])
     counters = {f.name: raw[f.name] for f in dataclasses.fields(TrainState) if f.name in raw}
-    return TrainState(**counters), raw["optimizer"], raw.get("window")
+    return TrainState(**counters), raw["optimizer"], {k: raw.get(k) for k in ("window", "batch_stats")}
