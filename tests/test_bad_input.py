@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from learntok.cli import main
 
@@ -51,3 +52,34 @@ def test_bad_flags_are_one_line_before_the_data_is_read(tmp_path, monkeypatch, c
 def test_report_needs_a_run_directory(tmp_path, capsys):
     assert main(["report", str(tmp_path / "nothing")]) == 2
     assert "no such run directory" in capsys.readouterr().err
+
+
+def test_out_of_memory_in_a_step_is_one_line_naming_the_micro_batch(tmp_path, text_corpus, monkeypatch, capsys):
+    """A micro-batch too large for the GPU (the paper-147m preset once ran 128 x 4096 bytes per pass) is one line
+    that names --micro-batch-size, exit 2, not a CUDA traceback. Simulated on CPU at the first step."""
+    import learntok.train.loop as loop
+
+    def oom(*a, **k):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(loop, "train_step", oom)
+    argv = ["train", "--data", str(text_corpus), "--out", str(tmp_path / "run"), "--max-steps", "2",
+            "--seq-len", "64", "--batch-size", "4", "--micro-batch-size", "2", "--d-model", "32", "--no-progress"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "out of memory on cpu in training step 1 with 2 sequences of 64 bytes" in err
+    assert "--micro-batch-size" in err
+
+
+def test_paper_presets_accumulate_micro_batches_of_eight():
+    """The paper's 128 x 4096-byte batch as one forward pass does not fit a GPU: the presets run 8 sequences per
+    pass (16 accumulated in one process), and a process with fewer sequences runs them all at once."""
+    from learntok.presets import get_preset
+    from learntok.train.loop import batch_split
+    from learntok.train.parallel import Dist
+
+    cfg = get_preset("paper-147m")
+    assert batch_split(cfg, Dist()) == (128, 8, 16)
+    assert batch_split(cfg, Dist(world=8)) == (16, 8, 2)
+    assert batch_split(cfg, Dist(world=32)) == (4, 4, 1)

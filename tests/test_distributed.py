@@ -173,3 +173,71 @@ def test_lagged_statistics_resume_like_uninterrupted(tmp_path, cfg):
     (tmp_path / "part" / "latest").write_text("step_000002\n")
     _run(replace(part, resume=str(tmp_path / "part")), world=1)
     _assert_same(_weights(tmp_path / "full"), _weights(tmp_path / "part"), atol=1e-7)
+
+
+def test_fsdp_with_compile_compiles_block_by_block_and_trains_like_a_plain_process(tmp_path, cfg, monkeypatch):
+    """FSDP2's hooks are excluded from compilation, so compiling the whole stages (fullgraph) under FSDP failed
+    at its first step ("Attempted to call function marked as skipped"). Under --parallel fsdp --compile the
+    blocks are compiled one by one before sharding (torchtitan's order): a process group of one (gloo), no
+    graph break, every block compiled, and a plain eager process's weights."""
+    from torch._dynamo.utils import counters
+
+    from learntok.model.lm import ByteLM
+    from learntok.nn.layers import Block
+
+    _run(replace(cfg, out=str(tmp_path / "plain")), world=1)
+    compiled_blocks, stages = [], []
+    real = Block.compile
+
+    def spy(self, **o):
+        compiled_blocks.append(self)
+        real(self, **{**o, "backend": "eager"})  # dynamo's tracing without inductor's minutes on CPU
+
+    monkeypatch.setattr(Block, "compile", spy)
+    monkeypatch.setattr(ByteLM, "compile_stages", lambda self, **o: stages.append(1))
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(_free_port()))
+    counters.clear()
+    try:
+        train(replace(cfg, out=str(tmp_path / "fsdp"), parallel="fsdp", compile=True), log=lambda *_: None)
+        assert torch.distributed.get_world_size() == 1
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+        torch._dynamo.reset()
+    assert sum(counters["graph_break"].values()) == 0
+    assert len(compiled_blocks) == 3 and not stages  # n_down + n_mid + n_up of the tiny model; stages eager
+    _assert_same(_weights(tmp_path / "plain"), _weights(tmp_path / "fsdp"), atol=2e-5)
+
+
+def _slots_worker(rank: int, world: int, port: int, cfg) -> None:
+    """A torchrun-like process that records the token slots of every training forward pass in OUT/slots-RANK."""
+    from learntok.model.lm import ByteLM
+
+    real, seen = ByteLM.token_slots, []
+
+    def spy(self, mask):
+        slots = real(self, mask)
+        if self.training:
+            seen.append((slots, int(mask.sum(1).max())))
+        return slots
+
+    ByteLM.token_slots = spy
+    _worker(rank, world, port, cfg)
+    Path(cfg.out, f"slots-{rank}.json").write_text(json.dumps(seen))
+
+
+def test_ranks_bucket_the_token_level_by_the_largest_count_over_ranks(tmp_path, cfg):
+    """Under torchrun each rank used to bucket its own largest token count, so ranks ran (and compiled) different
+    token-level shapes at different times. The count is now all-reduced (MAX) first: both ranks use the same
+    slots at every step, the bucket above the larger of their counts, though their own counts differ."""
+    cfg = replace(cfg, out=str(tmp_path / "two"), model=replace(cfg.model, token_bucket=4), max_steps=4)
+    mp.start_processes(_slots_worker, args=(2, _free_port(), cfg), nprocs=2, join=True, start_method="spawn")
+    a, b = (json.loads((tmp_path / "two" / f"slots-{r}.json").read_text()) for r in (0, 1))
+    assert len(a) == len(b) == 4
+    assert [s for s, _ in a] == [s for s, _ in b]
+    assert all(s == -(-max(ca, cb) // 4) * 4 for (s, ca), (_, cb) in zip(a, b))
+    assert any(ca != cb for (_, ca), (_, cb) in zip(a, b))  # the ranks' own counts differed

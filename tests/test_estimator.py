@@ -46,6 +46,29 @@ def test_discounted_returns_stay_fp32_under_bf16_autocast():
     torch.testing.assert_close(got, ref, rtol=0, atol=1e-6)
 
 
+def test_discounted_returns_make_no_fp32_matmul_that_tf32_could_round():
+    """On a GPU with TF32 on (training enables it under bf16-mixed) an fp32 matmul keeps 10 mantissa bits:
+    returns of ~10 off by ~1e-2, the error autocast was kept out for. Every matmul of the returns runs in
+    float64, seen by a dispatch-mode recorder (device-independent), and the result keeps r's dtype."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Matmuls(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.dtypes = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.__name__.split(".")[0] in ("mm", "bmm", "addmm", "baddbmm", "matmul"):
+                self.dtypes.append(args[0].dtype)
+            return func(*args, **(kwargs or {}))
+
+    r = torch.randn(2, 600)
+    with Matmuls() as rec:
+        g = discounted_returns(r, 0.99)
+    assert rec.dtypes and set(rec.dtypes) == {torch.float64}
+    assert g.dtype == torch.float32
+
+
 def test_batch_centring_zero_mean_per_position():
     g = torch.randn(5, 30)
     valid = torch.ones(5, 30, dtype=torch.bool)
@@ -217,3 +240,18 @@ def test_leave_one_out_advantage_subtracts_the_other_samples_mean():
     torch.testing.assert_close(a[3:], torch.tensor([[0 - 1.5, 0.0], [1 - 1.0, 1 - 2.0], [2 - 0.5, 2 - 1.0]]))
     with pytest.raises(ValueError, match="groups of 4"):
         leave_one_out_advantage(g, keep, 4)
+
+
+@pytest.mark.parametrize("w", [0, 3])
+def test_the_sampler_on_an_accelerator_makes_no_host_tensor(w):
+    """On a device other than the CPU (here "meta", which runs the same code path as CUDA: the state scan) the
+    sampler's outputs are all on that device and its round count is a plain number. A `torch.tensor(...)`
+    made on the host used to sit in every compiled stage-1 graph (a host-to-device copy per step)."""
+    from learntok.boundaries.reinforce import sample_window_policy
+
+    B, T = 2, 16
+    base, coef = torch.zeros(B, T, device="meta"), torch.zeros(B, T, w, device="meta")
+    u, forced = torch.zeros(B, T, device="meta"), torch.zeros(B, T, dtype=torch.bool, device="meta")
+    a, rounds = sample_window_policy(base, coef, u, forced, 6.0)
+    assert a.device.type == "meta" and a.shape == (B, T)
+    assert isinstance(rounds, float) and rounds == (1.0 if w == 0 else 1 + 4)  # the scan: log2(16) rounds

@@ -80,11 +80,14 @@ def test_bf16_training_on_the_device_tracks_the_fp32_cpu_curve(precision, corpus
 
 @pytest.fixture
 def strict_fp32():
-    """Full fp32 matmuls on CUDA (an earlier bf16 run enables TF32 process-wide)."""
-    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    """Full fp32 matmuls on CUDA (an earlier bf16 run enables TF32 process-wide). Through learntok.device's
+    helpers: torch >= 2.9 refuses to read the legacy allow_tf32 flag once the new one has been set."""
+    from learntok.device import set_tf32, tf32_enabled
+
+    saved = tf32_enabled()
+    set_tf32(False)
     yield
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+    set_tf32(saved)
 
 
 @pytest.mark.parametrize("strategy", STEP_STRATEGIES)
@@ -119,7 +122,8 @@ def test_torchrun_with_one_process_on_the_device_is_ddp_over_nccl(corpus, tmp_pa
     assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-5
 
 
-def test_compiled_training_on_the_device_matches_eager_with_no_graph_break(corpus, tmp_path, monkeypatch):
+def test_compiled_training_on_the_device_matches_eager_with_no_graph_break(corpus, tmp_path, monkeypatch,
+                                                                          strict_fp32):
     """`--compile` on the device: inductor on CUDA (dynamo's eager backend on CPU, where inductor takes minutes),
     bucketed token shapes, the paper's w = 8 policy window; 0 graph breaks, at most one stage-2 graph per
     bucket, and the eager run's losses."""

@@ -117,3 +117,23 @@ def test_policy_samples_that_split_a_micro_batch_are_one_line(tmp_path, text_cor
                  "--max-steps", "1", "--policy-samples", "3"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "--policy-samples 3" in err[0], err
+
+
+def test_fp32_on_cuda_turns_tf32_off_after_a_bf16_run_turned_it_on():
+    """TF32 is a process-wide flag: a bf16 run turns it on for its fp32 matmuls, and an fp32 run later in the
+    same process (a test comparing "fp32" runs) must turn it off again, not inherit it. The flag is set
+    through torch's new API where it exists, so reading the legacy flag still works (mixing both is an
+    error in torch >= 2.9). No CUDA needed: the flags are process state."""
+    from learntok.device import configure_matmul, set_tf32, tf32_enabled
+
+    saved = tf32_enabled()
+    try:
+        configure_matmul("bf16-mixed", torch.device("cuda"))
+        assert tf32_enabled()
+        configure_matmul("fp32", torch.device("cuda"))
+        assert not tf32_enabled()
+        assert torch.backends.cuda.matmul.allow_tf32 is False  # no mixed-API error
+        configure_matmul("bf16-mixed", torch.device("cpu"))  # nothing on CPU
+        assert not tf32_enabled()
+    finally:
+        set_tf32(saved)

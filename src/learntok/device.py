@@ -46,8 +46,27 @@ def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def configure_matmul(precision: str, device: torch.device) -> None:
-    """TF32 for the fp32 matmuls that remain under bf16 on CUDA (Ampere and later); strict fp32 stays
-    strict."""
-    if device.type == "cuda" and precision != "fp32":
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
+    """On CUDA: TF32 for the fp32 matmuls that remain under bf16 (Ampere and later), and strict fp32 matmuls for
+    `fp32`, set either way: the flag is process-wide, so an earlier bf16 run in the same process must not leave
+    a later fp32 run in TF32."""
+    if device.type == "cuda":
+        set_tf32(precision != "fp32")
+
+
+def set_tf32(enabled: bool) -> None:
+    """TF32 for CUDA fp32 matmuls on or off. torch >= 2.9 has a new flag (fp32_precision) that must not be mixed
+    with the legacy one (allow_tf32): reading the legacy flag after both were set is an error. Use this and
+    `tf32_enabled`, never allow_tf32 directly."""
+    matmul = torch.backends.cuda.matmul
+    if hasattr(matmul, "fp32_precision"):
+        matmul.fp32_precision = "tf32" if enabled else "ieee"
+    else:
+        matmul.allow_tf32 = enabled
+
+
+def tf32_enabled() -> bool:
+    """Whether CUDA fp32 matmuls run in TF32 (as `set_tf32` set it)."""
+    matmul = torch.backends.cuda.matmul
+    if hasattr(matmul, "fp32_precision"):
+        return matmul.fp32_precision == "tf32"
+    return bool(matmul.allow_tf32)

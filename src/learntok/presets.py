@@ -62,9 +62,16 @@ def _paper(name: str, *, d: int, heads: int, mid: int, lr: float, batch: int, wa
         boundary=LearnedConfig(target_rate=rate),
         data=DataConfig(seq_len=4096, pack=False, val_bytes=4096 * 256),
         optim=OptimConfig(warmup_bytes=warmup, lr=lr, min_lr_ratio=0.0),
-        batch_size=batch, max_bytes=total,
+        batch_size=batch, micro_batch_size=PAPER_MICRO_BATCH, max_bytes=total,
         eval_every=500, ckpt_every=500, log_every=10,
     )
+
+
+PAPER_MICRO_BATCH = 8
+"""Sequences of 4096 bytes per forward pass in the paper presets: the whole per-process batch (128 sequences in
+one process) would need hundreds of GiB of activations; 8 fits an 80 GB GPU with room to spare (estimate:
+bench/estimate_memory.py, docs/gpu.md). The batch is accumulated to the paper's size (same update); on N
+GPUs each process accumulates 128 / N / 8 micro-batches."""
 
 
 def paper_147m() -> TrainConfig:

@@ -42,7 +42,7 @@ windows use Jacobi iteration."""
 
 @torch.no_grad()
 def sample_window_policy(base: torch.Tensor, coef: torch.Tensor, u: torch.Tensor, forced: torch.Tensor,
-                         cap: float) -> tuple[torch.Tensor, torch.Tensor]:
+                         cap: float) -> tuple[torch.Tensor, float]:
     """Sample a_t = [u_t < sigmoid(softcap(l_t))] (or forced) for all t at once, exactly as the sequential
     sampler would with the same uniforms u. base (B,T), coef (B,T,w), u (B,T), forced (B,T) bool.
 
@@ -52,12 +52,12 @@ def sample_window_policy(base: torch.Tensor, coef: torch.Tensor, u: torch.Tensor
     host); eagerly on the CPU, or for wider windows, `_jacobi_rounds` (a few rounds of O(B T w) work with one
     host read each, against the scan's log2 T rounds of O(B T 2^w): fewer operations where a host read is
     free). Both give the same draws (tests/test_estimator.py).
-    Returns (a bool (B,T), the number of parallel rounds as a 0-dim
-    tensor: logged as boundary/sample_rounds, and a compiled caller does not specialise on it).
+    Returns (a bool (B,T), the number of parallel rounds as a Python number: logged as
+    boundary/sample_rounds; fixed by the shape for the scan, so a compiled graph holds no host tensor for it).
     """
     w = coef.shape[-1]
     if w == 0:
-        return forced | (u < torch.sigmoid(softcap(base, cap))), torch.ones(())
+        return forced | (u < torch.sigmoid(softcap(base, cap))), 1.0
     if w <= SCAN_MAX_WINDOW and (torch.compiler.is_compiling() or base.device.type != "cpu"):
         return _scan_sample(base, coef, u, forced, cap)
     return _jacobi_rounds(base, coef, u, forced, cap, forced | (u < torch.sigmoid(softcap(base, cap))))
@@ -84,7 +84,7 @@ def _scan_sample(base, coef, u, forced, cap):
     while d < T:  # a Python loop over log2(T) static steps: unrolled when compiled
         f = torch.cat([f[:, :d], torch.gather(f[:, d:], 2, f[:, :-d])], 1)  # f_t <- f_t o f_{t-d}
         d, rounds = 2 * d, rounds + 1
-    return (f[..., 0] & 1).bool(), torch.tensor(float(rounds))
+    return (f[..., 0] & 1).bool(), float(rounds)
 
 
 @torch.compiler.disable  # a data-dependent loop (one host read per round): eager inside a compiled model
@@ -99,7 +99,7 @@ def _jacobi_rounds(base, coef, u, forced, cap, a):
         if torch.equal(new, a):
             break
         a = new
-    return a, torch.tensor(float(rounds))
+    return a, float(rounds)
 
 
 @torch.no_grad()
@@ -123,28 +123,30 @@ def discounted_returns(r: torch.Tensor, gamma: float, chunk: int = 256) -> torch
     Within chunks of C positions: G_loc = r @ M^T with M[i,k] = gamma^(k-i) for k >= i. Across chunks the
     start values S_c obey S_c = G_loc[c,0] + gamma^C S_{c+1}: the same triangular form with gamma^C.
     Then G[c,i] = G_loc[c,i] + gamma^(C-i) S_{c+1}. Only non-negative powers appear, so nothing overflows.
-    Computed in r's dtype with autocast off: under bf16 autocast the matmuls would otherwise round the returns
-    to bf16 (errors of ~1e-2 on returns of ~10). The gamma tables are built on the device (no host copy).
+    Computed in float64 with autocast off, and returned in r's dtype: under bf16 autocast the matmuls would
+    round the returns to bf16 (errors of ~1e-2 on returns of ~10), and an fp32 matmul runs in TF32 on a GPU
+    where TF32 is on (10 mantissa bits; training enables it under bf16-mixed). The float64 matmuls are tiny
+    (B T C multiply-adds, C = 256). The gamma tables are built on the device (no host copy).
     """
     with torch.autocast(r.device.type, enabled=False):
         B, T = r.shape
         C = min(chunk, T)
         pad = (-T) % C
         n = (T + pad) // C
-        rc = F.pad(r, (0, pad)).view(B, n, C)  # (B,n,C)
-        dtype, dev = r.dtype, r.device
+        dtype, dev = torch.float64, r.device
+        rc = F.pad(r.to(dtype), (0, pad)).view(B, n, C)  # (B,n,C)
 
         def tri(size: int, g: float) -> torch.Tensor:  # (size,size): g^(k-i) for k >= i, else 0
-            e = torch.arange(size, device=dev, dtype=torch.float64)
+            e = torch.arange(size, device=dev, dtype=dtype)
             d = e[None, :] - e[:, None]
-            return torch.where(d >= 0, g ** d.clamp(min=0), 0.0).to(dtype)
+            return torch.where(d >= 0, g ** d.clamp(min=0), 0.0)
 
         g_loc = rc @ tri(C, gamma).T  # (B,n,C)
         s = g_loc[:, :, 0] @ tri(n, gamma**C).T  # (B,n) return at each chunk start
         s_next = F.pad(s[:, 1:], (0, 1))  # (B,n) S_{c+1}, 0 after the last chunk
-        tail = gamma ** (C - torch.arange(C, device=dev, dtype=torch.float64))  # gamma^(C-i)
-        g = g_loc + tail.to(dtype) * s_next.unsqueeze(-1)  # (B,n,C)
-        return g.reshape(B, n * C)[:, :T]
+        tail = gamma ** (C - torch.arange(C, device=dev, dtype=dtype))  # gamma^(C-i)
+        g = g_loc + tail * s_next.unsqueeze(-1)  # (B,n,C)
+        return g.reshape(B, n * C)[:, :T].to(r.dtype)
 
 
 def reference_returns(r: torch.Tensor, gamma: float) -> torch.Tensor:

@@ -101,6 +101,10 @@ class ByteLM(nn.Module):
         self.token_bucket = cfg.token_bucket
         """Rounding of the token level's length (`token_slots`): --token-bucket, or COMPILE_BUCKET once
         `compile_stages` has run without one."""
+        self.token_count_reduce = None
+        """Set by distributed training: maps this process's largest token count (a 0-dim device tensor) to the
+        largest over all processes (an all-reduce MAX), so that in training every rank pads its token level to
+        the same bucket and compiles the same graphs at the same time."""
         backend = cfg.attn_backend  # "auto" is resolved per call, on the device of the inputs
         d, H = cfg.d_model, cfg.n_heads
         byte_hidden, tok_hidden = round(cfg.byte_mlp_mult * d), round(cfg.token_mlp_mult * d)
@@ -181,13 +185,16 @@ class ByteLM(nn.Module):
         return x, self.boundary.propose(x, ids, noise=noise, generator=generator, prescribed=prescribed)
 
     def token_slots(self, mask: torch.Tensor) -> int | None:
-        """The token level's static length under --token-bucket N: the batch's largest token count rounded up
-        to a multiple of N (at most T), the one value a step reads back from the device; None without it (the
-        exact count, packed)."""
+        """The token level's static length under --token-bucket N: the batch's largest token count (over all
+        processes, in distributed training) rounded up to a multiple of N (at most T), the one value a step
+        reads back from the device; None without it (the exact count, packed)."""
         n = self.token_bucket
         if not n:
             return None
-        return min(-(-int(mask.sum(1).max()) // n) * n, mask.shape[1])
+        count = mask.sum(1).max()
+        if self.token_count_reduce is not None and self.training:  # (evaluation may run on one rank only)
+            count = self.token_count_reduce(count)
+        return min(-(-int(count) // n) * n, mask.shape[1])
 
     def _finish(self, ids, x, out, targets, size, batch_stats) -> ModelOutput:
         """Stage 2: downsample, token level, upsample, decoder, heads and losses. size: token slots (static
@@ -224,16 +231,29 @@ class ByteLM(nn.Module):
         is given), so each stage has static shapes: stage 2 compiles once per bucket. Each stage is one graph
         (`fullgraph=True`) for every strategy whose `traces_whole` holds, all registered ones but learned with a
         policy window wider than the scan's (tests/test_compile.py)."""
+        options = self._static_shapes({"fullgraph": self.boundary.traces_whole, **options})
+        self._compiled = (torch.compile(self._propose, **options), torch.compile(self._finish, **options))
+
+    def compile_blocks(self, **options) -> None:
+        """torch.compile each transformer block on its own (one graph each, fullgraph), in place, leaving the
+        stages eager: the form FSDP2 needs (as torchtitan does), because its hooks around every sharded block
+        are excluded from compilation and would break a stage's graph. Call it before sharding. The token
+        level keeps static shapes (COMPILE_BUCKET unless --token-bucket is given)."""
+        options = self._static_shapes({"fullgraph": True, **options})
+        for blk in [*self.down, *self.mid, *self.up]:
+            blk.compile(**options)
+
+    def _static_shapes(self, options: dict) -> dict:
+        """Bucket the token level's length (static shapes, not a graph per token count) and raise dynamo's
+        recompile limit to the graphs that can arise; `options` for torch.compile with dynamic=False."""
         import torch._dynamo
 
-        self.token_bucket = self.token_bucket or COMPILE_BUCKET  # static shapes, not a graph per token count
+        self.token_bucket = self.token_bucket or COMPILE_BUCKET
         # Stage-2 graphs per bucket (up to T / N buckets, T <= 4096 in every preset), twice: with gradients and
         # without (the statistics pre-pass under accumulation, validation) must fit the limit.
         cfg = torch._dynamo.config
         cfg.recompile_limit = max(cfg.recompile_limit, 8 + 2 * (4096 // self.token_bucket))
-        # A graph per bucket, not one symbolic length; fullgraph turns an unexpected graph break into an error.
-        options = {"dynamic": False, "fullgraph": self.boundary.traces_whole, **options}
-        self._compiled = (torch.compile(self._propose, **options), torch.compile(self._finish, **options))
+        return {"dynamic": False, **options}
 
     def _losses(self, res: ModelOutput, x: torch.Tensor, targets: torch.Tensor, batch_stats=None) -> None:
         """L = w_auto L_auto + lambda_early L_early + strategy terms (eq. 27); all per-byte means."""

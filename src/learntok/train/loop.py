@@ -107,6 +107,10 @@ def train(cfg: TrainConfig, *, log=print, on_eval: EvalHook | None = None) -> Ru
     if ckpt is not None:
         log(f"resumed from {ckpt} at step {state.step}")
     sharded = cfg.parallel == "fsdp" and d.active
+    if d.active:  # every rank buckets the token level alike (--token-bucket / --compile)
+        model.token_count_reduce = lambda count: all_reduce_max(count, d)
+    if cfg.compile and sharded:
+        model.compile_blocks()  # FSDP2's hooks stay outside the graphs: compile block by block, before sharding
     wrapped = wrap_model(model, cfg.parallel, d)
     opt = make_optimizer(model, cfg.optim, fused=d.device.type == "cuda" and not sharded)
     if optim_state is not None:
@@ -116,7 +120,7 @@ def train(cfg: TrainConfig, *, log=print, on_eval: EvalHook | None = None) -> Ru
     log(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, matrix params (byte, token) "
         f"= {model.matrix_params()}, boundaries={cfg.boundary.boundaries}, device={d.device}, processes={d.world}, "
         f"accumulation={accum}")
-    if cfg.compile:
+    if cfg.compile and not sharded:
         model.compile_stages()  # the wrapper's forward calls them: DDP's hooks stay outside the graphs
     evaluates = d.is_main or sharded  # FSDP's forward is collective: every rank evaluates
     steps = total_steps(cfg)
@@ -179,8 +183,11 @@ def train(cfg: TrainConfig, *, log=print, on_eval: EvalHook | None = None) -> Ru
                            cfg.time_budget)
                 for group in opt.param_groups:
                     group["lr"] = lr
-                tokens, bad = train_step(cfg, model, wrapped, opt, batches, state.step, d, micro, accum, window,
-                                         stats)
+                try:
+                    tokens, bad = train_step(cfg, model, wrapped, opt, batches, state.step, d, micro, accum, window,
+                                             stats)
+                except torch.OutOfMemoryError as e:
+                    raise TrainingError(out_of_memory_advice(micro, cfg.data.seq_len, d.device, state.step)) from e
                 state.step += 1
                 state.bytes_seen += bytes_per_step
                 state.tokens_seen += tokens
@@ -224,14 +231,24 @@ def train(cfg: TrainConfig, *, log=print, on_eval: EvalHook | None = None) -> Ru
                      sample=ev.get("sample", ""), stopped=stopped)
 
 
+def out_of_memory_advice(micro: int, seq_len: int, device: torch.device, step: int) -> str:
+    """The one line an out-of-memory error in a training step becomes: what ran out, and the two settings
+    that fix it (nothing is lost: the last checkpoint stands, and a step that failed made no update)."""
+    where = f"{device}" + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "")
+    return (f"out of memory on {where} in training step {step + 1} with {micro} sequences of {seq_len} bytes per "
+            f"forward pass; lower --micro-batch-size (the batch is then accumulated over more passes, same "
+            f"result) or add --activation-checkpointing; bench/estimate_memory.py estimates the peak beforehand")
+
+
 def batch_split(cfg: TrainConfig, d: Dist) -> tuple[int, int, int]:
-    """(sequences per process, per micro-batch, micro-batches per step) of the global batch."""
+    """(sequences per process, per micro-batch, micro-batches per step) of the global batch. A micro-batch size
+    larger than the per-process batch (e.g. a preset's on many GPUs) is the whole per-process batch."""
     if cfg.model.attn_backend == "flex" and d.device.type != "cuda":
         raise ValueError(FLEX_CPU_TRAINING)
     if cfg.batch_size % d.world:
         raise ValueError(f"batch_size={cfg.batch_size} is not divisible by the {d.world} processes")
     per_rank = cfg.batch_size // d.world
-    micro = cfg.micro_batch_size or per_rank
+    micro = min(cfg.micro_batch_size, per_rank) if cfg.micro_batch_size else per_rank
     if per_rank % micro:
         raise ValueError(f"per-process batch {per_rank} is not a multiple of micro_batch_size={micro}")
     return per_rank, micro, per_rank // micro
