@@ -16,6 +16,7 @@ from dataclasses import dataclass, fields
 
 import torch
 import torch.nn.functional as F
+from torch._subclasses.fake_tensor import is_fake
 
 from learntok.nn.attention import softcap
 
@@ -46,11 +47,11 @@ def sample_window_policy(base: torch.Tensor, coef: torch.Tensor, u: torch.Tensor
     """Sample a_t = [u_t < sigmoid(softcap(l_t))] (or forced) for all t at once, exactly as the sequential
     sampler would with the same uniforms u. base (B,T), coef (B,T,w), u (B,T), forced (B,T) bool.
 
-    With w = 0 the decisions are independent: one step. Otherwise, for w <= SCAN_MAX_WINDOW under
-    torch.compile or on an accelerator, `_scan_sample` (ceil(log2 T) steps fixed by the shape: no
-    data-dependent loop, no host read, so the compiled step has no graph break and a GPU never waits for the
-    host); eagerly on the CPU, or for wider windows, `_jacobi_rounds` (a few rounds of O(B T w) work with one
-    host read each, against the scan's log2 T rounds of O(B T 2^w): fewer operations where a host read is
+    With w = 0 the decisions are independent: one step. Otherwise, for w <= SCAN_MAX_WINDOW where `use_scan`
+    says so (compiling, an accelerator, fake tensors), `_scan_sample` (ceil(log2 T) steps fixed by the shape:
+    no data-dependent loop, no host read, so the compiled step has no graph break and a GPU never waits for
+    the host); eagerly on the CPU, or for wider windows, `_jacobi_rounds` (a few rounds of O(B T w) work with
+    one host read each, against the scan's log2 T rounds of O(B T 2^w): fewer operations where a host read is
     free). Both give the same draws (tests/test_estimator.py).
     Returns (a bool (B,T), the number of parallel rounds as a Python number: logged as
     boundary/sample_rounds; fixed by the shape for the scan, so a compiled graph holds no host tensor for it).
@@ -58,9 +59,15 @@ def sample_window_policy(base: torch.Tensor, coef: torch.Tensor, u: torch.Tensor
     w = coef.shape[-1]
     if w == 0:
         return forced | (u < torch.sigmoid(softcap(base, cap))), 1.0
-    if w <= SCAN_MAX_WINDOW and (torch.compiler.is_compiling() or base.device.type != "cpu"):
+    if w <= SCAN_MAX_WINDOW and use_scan(base):
         return _scan_sample(base, coef, u, forced, cap)
     return _jacobi_rounds(base, coef, u, forced, cap, forced | (u < torch.sigmoid(softcap(base, cap))))
+
+
+def use_scan(base: torch.Tensor) -> bool:
+    """The state scan rather than Jacobi: while compiling, on an accelerator, and for fake tensors (no values
+    to iterate on); Jacobi eagerly on the CPU."""
+    return torch.compiler.is_compiling() or base.device.type != "cpu" or is_fake(base)
 
 
 def _scan_sample(base, coef, u, forced, cap):

@@ -16,7 +16,6 @@ with caches at both levels (generation) and gives the same logits and boundaries
 
 from __future__ import annotations
 
-import copy
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -130,8 +129,13 @@ class ByteLM(nn.Module):
             if name.endswith("attn.proj.weight") or name.endswith("mlp.down.weight"):
                 nn.init.normal_(p, std=cfg.init_std / math.sqrt(2 * n_layers))
         # The early-exit head starts as a copy of the output head (paper §2.3).
-        self.norm_early = copy.deepcopy(self.norm_out)
-        self.head_early = copy.deepcopy(self.head)
+        # (Built empty and filled, not deep-copied: a deep copy of a fake tensor belongs to another fake mode.)
+        self.norm_early = RMSNorm(d)
+        with torch.random.fork_rng(devices=[]):  # its own initialisation is overwritten: leave the RNG as it was
+            self.head_early = nn.Linear(d, VOCAB_SIZE, bias=False)
+        with torch.no_grad():
+            self.norm_early.weight.copy_(self.norm_out.weight)
+            self.head_early.weight.copy_(self.head.weight)
 
     def _init(self, m: nn.Module) -> None:
         if isinstance(m, nn.Linear):

@@ -18,6 +18,7 @@ full causal attention. Three backends:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -145,6 +146,28 @@ FLEX_CPU_TRAINING = ("--attn-backend flex cannot train on CPU: PyTorch's FlexAtt
                      "there (it evaluates and generates); use --attn-backend auto or eager")
 
 
+_FLEX_CPU_BACKWARD = False
+"""Set by `flex_backward_on_cpu` (checks and estimates only)."""
+
+
+@contextlib.contextmanager
+def flex_backward_on_cpu():
+    """Let FlexAttention take gradients on CPU tensors, for checks of the CUDA configuration that never run its
+    (missing) fused CPU backward kernel: fake tensors (bench/estimate_memory.py: shapes and memory only) and
+    AOTAutograd with an eager backend, which runs FlexAttention's dense reference implementation forwards and
+    backwards. Lifts learntok's own refusal and PyTorch's front-end device check while active; training
+    proper never uses it."""
+    global _FLEX_CPU_BACKWARD
+    import torch.nn.attention.flex_attention as fa
+
+    saved = _FLEX_CPU_BACKWARD, fa._validate_device
+    _FLEX_CPU_BACKWARD, fa._validate_device = True, lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        _FLEX_CPU_BACKWARD, fa._validate_device = saved
+
+
 FLEX_BUCKET = 128
 """Sequence lengths are padded to a multiple of this (FlexAttention's block size) before the kernel: the token
 level's length changes with every batch's boundaries, and a compiled kernel per exact length would recompile
@@ -157,7 +180,7 @@ def flex_attention(q, k, v, window: int | None, cap: float) -> torch.Tensor:
     Forward and backward on CUDA; forward only on CPU (a PyTorch limitation)."""
     from torch.nn.attention.flex_attention import flex_attention as flex_eager
 
-    if q.device.type == "cpu" and any(t.requires_grad for t in (q, k, v)):
+    if q.device.type == "cpu" and not _FLEX_CPU_BACKWARD and any(t.requires_grad for t in (q, k, v)):
         raise ValueError(FLEX_CPU_TRAINING)
 
     T = q.shape[-2]
