@@ -1,19 +1,23 @@
 #!/usr/bin/env bash
-# The GPU runbook of issue 16: what to run when a machine with an NVIDIA GPU is lent for a short while, split
-# into stages that each end inside 10 minutes and leave their results under $OUT (bench/results/gpu-session
-# when OUT is unset). docs/gpu.md says what each stage shows and what the figures should look like.
+# The GPU runbook: what to run when a machine with an NVIDIA GPU is lent for a short while (here 30
+# minutes of machine time, start-up included, at most 10 minutes a command). Three stages of at most 8 minutes,
+# every part of them under its own `timeout`, each compiling and measuring in one process and leaving a few files
+# under $OUT (bench/results/gpu-session when OUT is unset); bench/README.md lists them, docs/gpu.md says what
+# the figures mean.
 #
-#   bench/gpu_session.sh wheels       # here, once, with pip and a package index: .whl/ (tyro & co. for Python 3.12)
-#   bench/gpu_session.sh check        # on the GPU: tests/test_gpu.py and tests/test_flex.py, ~5 minutes
-#   bench/gpu_session.sh bench-147m   # paper-147m, learned vs uniform, eager vs compiled
-#   bench/gpu_session.sh bench-30m    # the ~30M config, the same four rows
-#   bench/gpu_session.sh max-batch    # the largest 4096-byte micro-batch of paper-147m that trains
+#   bench/gpu_session.sh wheels   # here, once, where pip reaches PyPI: .whl/ (tyro & co. for Python 3.12)
+#   bench/gpu_session.sh smoke    # GEMM ceiling; one compiled paper-147m learned step at micro-batch 8 and 16
+#                                 # (step time, peak memory, host syncs); the core checks of tests/test_gpu.py
+#   bench/gpu_session.sh bench    # compiled paper-147m, learned vs uniform: bytes/s, MFU, ratio, kernels, recompiles
+#   bench/gpu_session.sh eager    # eager paper-147m rows and peak memory at 8 and 16; the remaining CUDA tests
 #
-# The GPU machine needs no network: it runs from the checkout (PYTHONPATH=src) with its own PyTorch, and the
-# few pure-Python packages its image lacks come from .whl/ when that folder is there.
+# Run the three back to back on one machine (it stays warm 30 s after a call): inductor's cache in /tmp then
+# carries smoke's compiled learned graphs into bench. The machine needs no network: the script runs from the
+# checkout (PYTHONPATH=src) with the machine's own PyTorch (torch 2.11 on Python 3.12 there, not this project's
+# pin), and the pure-Python packages its image lacks come from .whl/ when that folder is there.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-stage=${1:?"usage: bench/gpu_session.sh wheels|check|bench-147m|bench-30m|max-batch"}
+stage=${1:?"usage: bench/gpu_session.sh wheels|smoke|bench|eager"}
 out=${OUT:-bench/results/gpu-session}
 PY=${PYTHON:-python3}
 
@@ -23,6 +27,10 @@ if [ "$stage" = wheels ]; then
         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
         -d .whl tyro==1.0.17 docstring-parser==0.18.0 typeguard==4.6.1 zstandard==0.25.0
 fi
+case $stage in
+smoke | bench | eager) ;;
+*) echo "unknown stage: $stage (wheels, smoke, bench, eager)" >&2; exit 2 ;;
+esac
 
 mkdir -p "$out"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -31,32 +39,52 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     export PYTHONPATH=/tmp/learntok-site
 fi
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1
-  "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.is_available())"
-} | tee "$out/env-$stage.txt"
+
+# The checks of tests/test_gpu.py that smoke runs (pytest -k); eager runs the others and tests/test_flex.py.
+CORE="waits_for_the_device_once or flex_backend_trains or no_graph_break or sampling_and_segmenting"
+# Each test's own limit comes with --timeout; 4 workers, as compilation is CPU-bound; -v prints each outcome as
+# it comes (a part cut off keeps them), -rA the output of passing tests too (loss curves, sync sites).
+PYTEST=("$PY" -m pytest -p no:cacheprovider -o addopts= -n 4 -v -rA --durations=10)
+# The benchmarks run with TORCH_LOGS=recompiles,graph_breaks: dynamo says why it recompiles and where a graph
+# breaks; the stage's log keeps it, and $stage-recompiles.log those lines alone between bench_gpu.py's markers of
+# warm-up and timing.
+
+provenance() {
+    nvidia-smi --format=csv --query-gpu=name,driver_version,memory.total,power.limit,\
+clocks.current.sm,clocks.current.memory,clocks.max.sm,clocks.max.memory
+    "$PY" -c 'import platform, torch; from importlib.metadata import version
+print("python", platform.python_version(), "torch", torch.__version__, "cuda", torch.version.cuda,
+      "triton", version("triton"), "cuda available", torch.cuda.is_available())'
+}
 
 case $stage in
-check)
-    # The GPU acceptance tests, then FlexAttention's (its CUDA gradient test); -v prints each outcome as it
-    # comes (a stage cut off at its limit keeps them), -s the loss curves. Flex and inductor kernels compile
-    # on first use: most of this stage is compilation.
-    timeout 540 "$PY" -m pytest -p no:cacheprovider -o addopts= -v -s --durations=10 \
-        tests/test_gpu.py tests/test_flex.py 2>&1 | tee "$out/check.log"
+smoke)
+    {
+        provenance
+        TORCH_LOGS=recompiles,graph_breaks timeout -k 10 270 "$PY" bench/bench_gpu.py --configs paper-147m \
+            --token-bucket 128 --modes compiled --rounds 0 --steps 2 --warmup 1 --micro-batches 8 16 --out "$out/smoke"
+        timeout -k 10 170 "${PYTEST[@]}" --timeout=150 --junitxml="$out/smoke-tests.xml" \
+            tests/test_gpu.py -k "$CORE"
+    } 2>&1 | tee "$out/smoke.log"
     ;;
-bench-147m)
-    timeout 570 "$PY" bench/bench_gpu.py --configs paper-147m --rounds 3 --steps 5 --warmup 5 --token-bucket 128 \
-        --out "$out/147m" 2>&1 | tee "$out/bench-147m.log"
+bench)
+    {
+        provenance
+        TORCH_LOGS=recompiles,graph_breaks timeout -k 10 450 "$PY" bench/bench_gpu.py --configs paper-147m \
+            --token-bucket 128 --modes compiled --rounds 10 --steps 5 --warmup 2 --profile 30 --out "$out/bench"
+    } 2>&1 | tee "$out/bench.log"
     ;;
-bench-30m)
-    timeout 570 "$PY" bench/bench_gpu.py --configs 30m --rounds 3 --steps 5 --warmup 5 --token-bucket 128 \
-        --out "$out/30m" 2>&1 | tee "$out/bench-30m.log"
-    ;;
-max-batch)
-    timeout 570 "$PY" bench/bench_gpu.py --configs paper-147m --modes compiled --rounds 1 --steps 2 --warmup 3 \
-        --token-bucket 128 --max-batch --max-batch-limit 128 --out "$out/max-batch" 2>&1 | tee "$out/max-batch.log"
-    ;;
-*)
-    echo "unknown stage: $stage (wheels, check, bench-147m, bench-30m, max-batch)" >&2
-    exit 2
+eager)
+    {
+        provenance
+        TORCH_LOGS=recompiles,graph_breaks timeout -k 10 230 "$PY" bench/bench_gpu.py --configs paper-147m \
+            --token-bucket 128 --modes eager --rounds 5 --steps 3 --warmup 1 --micro-batches 8 16 --profile 30 \
+            --out "$out/eager"
+        timeout -k 10 210 "${PYTEST[@]}" --timeout=180 --junitxml="$out/eager-tests.xml" \
+            tests/test_gpu.py tests/test_flex.py -k "not ($CORE)"
+    } 2>&1 | tee "$out/eager.log"
     ;;
 esac
+status=$?
+grep -E "__recompiles|__graph_breaks|recompile_limit|^\[bench_gpu\]" "$out/$stage.log" >"$out/$stage-recompiles.log"
+exit $status
