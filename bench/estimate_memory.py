@@ -4,6 +4,7 @@
     python bench/estimate_memory.py                                  # paper-147m, micro-batches 1 8 16 32
     python bench/estimate_memory.py --preset paper-147m --micro-batch 8 16 --seq-len 8192
     python bench/estimate_memory.py --preset small --micro-batch 8 --gpu-gib 24
+    python bench/estimate_memory.py --micro-batch 8 --ops             # + kernels and bytes moved per step
 
 It traces the eager step in the CUDA configuration (bf16-mixed, FlexAttention, token level bucketed at the
 target rate + 25 %) and prints the live tensor bytes at their peak, which grow linearly with the micro-batch:
@@ -20,7 +21,7 @@ import time
 from dataclasses import replace
 
 from learntok.presets import get_preset
-from learntok.train.estimate import trace_step
+from learntok.train.estimate import OpCensus, trace_step
 
 
 def main() -> None:
@@ -32,6 +33,9 @@ def main() -> None:
     ap.add_argument("--precision", default="auto", choices=["auto", "bf16-mixed", "bf16", "fp32"])
     ap.add_argument("--gpu-gib", type=float, default=80.0, help="GPU memory to fit (H100: 80)")
     ap.add_argument("--headroom-gib", type=float, default=6.0, help="left free for what fake tensors miss")
+    ap.add_argument("--ops", action="store_true",
+                    help="also count the eager step's kernels, bytes moved and host reads (learntok.train.estimate."
+                         "OpCensus) at the first micro-batch size: a machine-independent before/after measure")
     args = ap.parse_args()
     cfg = get_preset(args.preset)
     cfg = replace(cfg, precision=args.precision)
@@ -47,6 +51,15 @@ def main() -> None:
         rows.append((b, r.peak_gib))
         print(f"| {b} | {r.token_slots} | {r.steady_gib:.2f} | {r.peak_gib:.2f} | {time.perf_counter() - t0:.1f} |",
               flush=True)
+    if args.ops:
+        census = OpCensus()
+        trace_step(cfg, args.micro_batch[0], rate=args.rate, census=census)
+        print(f"\none eager step's forward + backward at micro-batch {args.micro_batch[0]}: "
+              f"{sum(census.kernels.values())} kernels, {sum(census.bytes.values()) / 1e9:.1f} GB read + written, "
+              f"host reads {census.host_reads or 'none'}")
+        print("| kind | kernels | GB |\n|---|---|---|")
+        for kind in sorted(census.kernels):
+            print(f"| {kind} | {census.kernels[kind]} | {census.bytes[kind] / 1e9:.1f} |")
     if len(rows) >= 2:
         (b0, p0), (b1, p1) = rows[0], rows[-1]
         per_seq = (p1 - p0) / (b1 - b0)

@@ -250,3 +250,24 @@ def test_validation_bpb_counts_byte_targets_for_both_heads():
     assert ev["val/early_bpb"] == pytest.approx(nats["early"] / (math.log(2) * n_bytes), rel=1e-6)
     # the accounting it replaced (every target, every position) gives another number
     assert ev["val/early_bpb"] != pytest.approx(nats["early_all"] / (math.log(2) * n_pos), rel=1e-5)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.bfloat16, 2e-2)])
+def test_rmsnorm_backward_equals_autograd_through_the_formula(dtype, tol):
+    """RMSNorm's hand-written backward (it keeps x and the row's rsqrt, not two fp32 copies) gives autograd's
+    gradients for x and the weight, in fp32 and for bf16 inputs (the residual stream under bf16-mixed)."""
+    from learntok.nn.layers import RMSNorm
+
+    torch.manual_seed(0)
+    norm = RMSNorm(48)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    x = (3 * torch.randn(2, 5, 48)).to(dtype).requires_grad_()
+    g = torch.randn(2, 5, 48).to(dtype)
+    grads = []
+    for fn in (norm, norm.reference):
+        y = fn(x)
+        assert y.dtype == dtype
+        grads.append((y, *torch.autograd.grad(y, (x, norm.weight), g)))
+    for a, b in zip(grads[0], grads[1]):
+        torch.testing.assert_close(a.float(), b.float(), atol=tol, rtol=tol)

@@ -154,10 +154,21 @@ class ByteLM(nn.Module):
     def _rope(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return rope_tables(pos, self.cfg.d_model // self.cfg.n_heads, self.cfg.rope_base)
 
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """Byte embeddings, the start of the residual stream: in the autocast dtype under autocast (bf16-mixed)
+        unless --residual-dtype fp32. Every block returns its input's dtype, so this sets the stream's dtype
+        for the whole U-Net: bf16 halves the bytes its norms, adds and casts move (the eager step is
+        memory-bound) and is what the authors' pure-bf16 code does."""
+        x = self.embed(ids)
+        dev = ids.device.type
+        if self.cfg.residual_dtype == "auto" and torch.is_autocast_enabled(dev):
+            x = x.to(torch.get_autocast_dtype(dev))
+        return x
+
     def encode(self, ids: torch.Tensor) -> torch.Tensor:
         """Byte embedding and encoder blocks. ids (B,T) -> X (B,T,D)."""
         rope = self._rope(torch.arange(ids.shape[1], device=ids.device))
-        x = self.embed(ids)  # (B,T,D)
+        x = self._embed(ids)  # (B,T,D)
         for blk in self.down:
             x = self._block(blk, x, rope)
         return x
@@ -310,7 +321,7 @@ class ByteLM(nn.Module):
         slot = torch.full((B,), t % W, dtype=torch.long, device=ids_t.device)
         state.slot_pos[t % W] = t
         window = ((state.slot_pos >= 0) & (state.slot_pos > t - W)).expand(B, -1)  # (B,W) the last W bytes
-        x = self.embed(ids_t)[:, None]  # (B,1,D)
+        x = self._embed(ids_t)[:, None]  # (B,1,D)
         for blk, cache in zip(self.down, state.down):
             x = blk.step(x, rope, cache, slot, window)
         a_t, p_t = self.boundary.step(x[:, 0], ids_t, t, state.boundary)  # (B,) bool, (B,)
