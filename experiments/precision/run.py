@@ -69,8 +69,8 @@ def table() -> None:
     for a, b in (("bf16-mixed", "bf16-mixed-fp32-stream"), ("bf16-mixed", "fp32"), ("bf16-mixed-fp32-stream", "fp32")):
         d = [by[(a, s)] - by[(b, s)] for s in seeds if (a, s) in by and (b, s) in by]
         if len(d) >= 2:
-            mean, lo, hi = t_interval(d)
-            print(f"{a} - {b}: {mean:+.4f} [{lo:+.4f}, {hi:+.4f}] over {len(d)} seeds")
+            mean, half, _ = t_interval(d)
+            print(f"{a} - {b}: {mean:+.4f} [{mean - half:+.4f}, {mean + half:+.4f}] over {len(d)} seeds")
 
 
 def main() -> None:
