@@ -137,3 +137,32 @@ def test_fp32_on_cuda_turns_tf32_off_after_a_bf16_run_turned_it_on():
         assert not tf32_enabled()
     finally:
         set_tf32(saved)
+
+
+@pytest.mark.parametrize("residual", ["auto", "fp32"])
+def test_the_residual_stream_is_bf16_under_bf16_mixed_unless_told(residual):
+    """Under bf16 autocast every block's input (the residual stream) is bf16 with --residual-dtype auto and
+    fp32 with fp32; without autocast it is the weights' fp32 either way. Logits stay fp32, and the two streams
+    give the same logits up to bf16 rounding."""
+    from learntok.boundaries import boundary_config
+    from learntok.config import ModelConfig
+    from learntok.model import build_model
+
+    def run(residual_dtype: str, mixed: bool):
+        torch.manual_seed(0)
+        m = build_model(ModelConfig(d_model=32, n_heads=2, n_mid=1, byte_window=8, residual_dtype=residual_dtype),
+                        boundary_config("uniform"))
+        seen = []
+        for blk in [*m.down, *m.mid, *m.up]:
+            blk.register_forward_pre_hook(lambda mod, args: seen.append(args[0].dtype))
+        ids = torch.randint(0, 256, (2, 64), generator=torch.Generator().manual_seed(1))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mixed):
+            out = m(ids, ids)
+        return out, set(seen)
+
+    out, dtypes = run(residual, mixed=True)
+    assert dtypes == {torch.bfloat16 if residual == "auto" else torch.float32}
+    assert out.logits.dtype == torch.float32 and out.loss.dtype == torch.float32
+    assert run(residual, mixed=False)[1] == {torch.float32}
+    other, _ = run("fp32" if residual == "auto" else "auto", mixed=True)
+    torch.testing.assert_close(out.logits, other.logits, atol=2e-2, rtol=0)  # logits ~0.5; 4e-3 seen
