@@ -271,3 +271,24 @@ def test_rmsnorm_backward_equals_autograd_through_the_formula(dtype, tol):
         grads.append((y, *torch.autograd.grad(y, (x, norm.weight), g)))
     for a, b in zip(grads[0], grads[1]):
         torch.testing.assert_close(a.float(), b.float(), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rmsnorm_gradients_are_the_same_under_torch_compile(dtype):
+    """Dynamo traces RMSNorm's autograd.Function forward and backward; torch 2.11 gave zero gradients when its
+    forward returned a no-op cast (`y.to(y.dtype)`), so a compiled step would have trained nothing."""
+    from learntok.nn.layers import RMSNorm
+
+    torch.manual_seed(0)
+    norm = RMSNorm(8)
+    x = torch.randn(2, 3, 8).to(dtype).requires_grad_()
+
+    def f(x):
+        return (norm(x).float() * torch.arange(8.0)).sum()
+
+    eager = torch.autograd.grad(f(x), (x, norm.weight))
+    compiled = torch.autograd.grad(torch.compile(f, backend="eager", fullgraph=True)(x), (x, norm.weight))
+    torch._dynamo.reset()
+    for a, b in zip(eager, compiled):
+        assert b.abs().max() > 0
+        torch.testing.assert_close(b, a)

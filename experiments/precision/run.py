@@ -39,6 +39,7 @@ def _git() -> str:
 
 
 def run(out: Path, seeds: list[int], arms: list[str]) -> None:
+    sha = _git()  # the code the arms run (the script's start, not when each record is written)
     for seed in seeds:
         for arm in arms:
             if any(r["arm"] == arm and r["seed"] == seed for r in _load()):
@@ -52,7 +53,7 @@ def run(out: Path, seeds: list[int], arms: list[str]) -> None:
             val = [r for r in rows if "val/bpb" in r][-1]
             train = [r for r in rows if "loss/auto" in r][-1]
             record = {"arm": arm, "seed": seed, "flags": ARMS[arm], "command": " ".join(["learntok", *cmd[3:]]),
-                      "git": _git(), "val_bpb": val["val/bpb"], "val_rate": val["val/rate"],
+                      "git": sha, "val_bpb": val["val/bpb"], "val_rate": val["val/rate"],
                       "final_loss_auto": train["loss/auto"], "bytes": val["bytes"]}
             RECORDS.write_text(json.dumps(_load() + [record], indent=1) + "\n")
             print(f"  {arm} seed {seed}: val BPB {record['val_bpb']:.4f}", flush=True)

@@ -18,6 +18,12 @@ from learntok.nn.attention import attend, attend_cached
 from learntok.nn.cache import KVCache
 
 
+def _cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """t in dtype, skipping the no-op cast: under torch.compile in torch 2.11 an autograd.Function whose forward
+    returned `y.to(y.dtype)` got zero gradients (tests/test_model.py checks the compiled gradients)."""
+    return t if t.dtype == dtype else t.to(dtype)
+
+
 class _RMSNormFn(torch.autograd.Function):
     """y = x * rsqrt(mean(x^2) + eps) * w, computed in fp32 and returned in x's dtype, with a hand-written
     backward that keeps only x (its own dtype: bf16 under bf16-mixed) and the per-row rsqrt. Autograd through
@@ -30,7 +36,7 @@ class _RMSNormFn(torch.autograd.Function):
         xf = x.float()
         rstd = torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)  # (..., 1)
         ctx.save_for_backward(x, weight, rstd)
-        return (xf * rstd * weight.float()).to(x.dtype)
+        return _cast(xf * rstd * weight.float(), x.dtype)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
@@ -41,8 +47,8 @@ class _RMSNormFn(torch.autograd.Function):
         dx = (gw - xhat * (gw * xhat).mean(-1, keepdim=True)) * rstd
         dw = None
         if ctx.needs_input_grad[1]:
-            dw = (gf * xhat).flatten(0, -2).sum(0).to(weight.dtype)
-        return dx.to(x.dtype), dw, None
+            dw = _cast((gf * xhat).flatten(0, -2).sum(0), weight.dtype)
+        return _cast(dx, x.dtype), dw, None
 
 
 class RMSNorm(nn.Module):
