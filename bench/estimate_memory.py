@@ -31,6 +31,7 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=0, help="override the preset's sequence length")
     ap.add_argument("--rate", type=float, default=None, help="boundary rate to size the token level for")
     ap.add_argument("--precision", default="auto", choices=["auto", "bf16-mixed", "bf16", "fp32"])
+    ap.add_argument("--residual-dtype", default="fp32", choices=["fp32", "autocast"])
     ap.add_argument("--gpu-gib", type=float, default=80.0, help="GPU memory to fit (H100: 80)")
     ap.add_argument("--headroom-gib", type=float, default=6.0, help="left free for what fake tensors miss")
     ap.add_argument("--ops", action="store_true",
@@ -38,10 +39,11 @@ def main() -> None:
                          "OpCensus) at the first micro-batch size: a machine-independent before/after measure")
     args = ap.parse_args()
     cfg = get_preset(args.preset)
-    cfg = replace(cfg, precision=args.precision)
+    cfg = replace(cfg, precision=args.precision, model=replace(cfg.model, residual_dtype=args.residual_dtype))
     if args.seq_len:
         cfg = replace(cfg, data=replace(cfg.data, seq_len=args.seq_len))
-    print(f"{args.preset}: {cfg.data.seq_len}-byte sequences, precision {args.precision} (auto = bf16-mixed)")
+    print(f"{args.preset}: {cfg.data.seq_len}-byte sequences, precision {args.precision} (auto = bf16-mixed), "
+          f"residual stream {args.residual_dtype}")
     print("| micro-batch | token slots | weights + AdamW GiB | peak GiB | trace s |")
     print("|---|---|---|---|---|")
     rows = []

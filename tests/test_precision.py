@@ -139,11 +139,11 @@ def test_fp32_on_cuda_turns_tf32_off_after_a_bf16_run_turned_it_on():
         set_tf32(saved)
 
 
-@pytest.mark.parametrize("residual", ["auto", "fp32"])
-def test_the_residual_stream_is_bf16_under_bf16_mixed_unless_told(residual):
-    """Under bf16 autocast every block's input (the residual stream) is bf16 with --residual-dtype auto and
-    fp32 with fp32; without autocast it is the weights' fp32 either way. Logits stay fp32, and the two streams
-    give the same logits up to bf16 rounding."""
+@pytest.mark.parametrize("residual", ["autocast", "fp32"])
+def test_the_residual_stream_is_bf16_under_bf16_mixed_when_asked(residual):
+    """Under bf16 autocast every block's input (the residual stream) is bf16 with --residual-dtype autocast and
+    fp32 with fp32 (the default); without autocast it is the weights' fp32 either way. Logits stay fp32, and the
+    two streams give the same logits up to bf16 rounding."""
     from learntok.boundaries import boundary_config
     from learntok.config import ModelConfig
     from learntok.model import build_model
@@ -161,8 +161,8 @@ def test_the_residual_stream_is_bf16_under_bf16_mixed_unless_told(residual):
         return out, set(seen)
 
     out, dtypes = run(residual, mixed=True)
-    assert dtypes == {torch.bfloat16 if residual == "auto" else torch.float32}
+    assert dtypes == {torch.bfloat16 if residual == "autocast" else torch.float32}
     assert out.logits.dtype == torch.float32 and out.loss.dtype == torch.float32
     assert run(residual, mixed=False)[1] == {torch.float32}
-    other, _ = run("fp32" if residual == "auto" else "auto", mixed=True)
+    other, _ = run("fp32" if residual == "autocast" else "autocast", mixed=True)
     torch.testing.assert_close(out.logits, other.logits, atol=2e-2, rtol=0)  # logits ~0.5; 4e-3 seen

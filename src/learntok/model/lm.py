@@ -155,13 +155,12 @@ class ByteLM(nn.Module):
         return rope_tables(pos, self.cfg.d_model // self.cfg.n_heads, self.cfg.rope_base)
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
-        """Byte embeddings, the start of the residual stream: in the autocast dtype under autocast (bf16-mixed)
-        unless --residual-dtype fp32. Every block returns its input's dtype, so this sets the stream's dtype
-        for the whole U-Net: bf16 halves the bytes its norms, adds and casts move (the eager step is
-        memory-bound) and is what the authors' pure-bf16 code does."""
+        """Byte embeddings, the start of the residual stream: fp32, or with --residual-dtype autocast the
+        autocast dtype under autocast (bf16 under bf16-mixed). Every block returns its input's dtype, so this
+        sets the stream's dtype for the whole U-Net: bf16 halves the bytes its norms, adds and casts move."""
         x = self.embed(ids)
         dev = ids.device.type
-        if self.cfg.residual_dtype == "auto" and torch.is_autocast_enabled(dev):
+        if self.cfg.residual_dtype == "autocast" and torch.is_autocast_enabled(dev):
             x = x.to(torch.get_autocast_dtype(dev))
         return x
 
