@@ -48,7 +48,14 @@ import torch
 
 from learntok.boundaries import boundary_config
 from learntok.config import ModelConfig, OptimConfig
-from learntok.device import PRECISIONS, autocast, configure_matmul, resolve_device, resolve_precision
+from learntok.device import (
+    PRECISIONS,
+    autocast,
+    configure_matmul,
+    out_of_memory,
+    resolve_device,
+    resolve_precision,
+)
 from learntok.model.lm import ByteLM
 from learntok.presets import get_preset
 from learntok.train import make_optimizer
@@ -392,17 +399,6 @@ def memory_probe(name: str, bc: BenchConfig, mode: str, micro_batch: int, args, 
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
-
-
-def out_of_memory(e: BaseException) -> bool:
-    """An out-of-memory error, also when torch.compile wraps it (InductorError, BackendCompilerFailed)."""
-    seen = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower():
-            return True
-        e = e.__cause__ or e.__context__
-    return False
 
 
 def _fmt(x, spec: str, missing: str = "-") -> str:

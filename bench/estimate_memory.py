@@ -46,8 +46,8 @@ def main() -> None:
           f"residual stream {args.residual_dtype}")
     print("| micro-batch | token slots | weights + AdamW GiB | peak GiB | trace s |")
     print("|---|---|---|---|---|")
-    rows = []
-    for b in sorted(args.micro_batch):
+    rows, sizes = [], sorted(args.micro_batch)
+    for b in sizes:
         t0 = time.perf_counter()
         r = trace_step(cfg, b, rate=args.rate)
         rows.append((b, r.peak_gib))
@@ -55,8 +55,8 @@ def main() -> None:
               flush=True)
     if args.ops:
         census = OpCensus()
-        trace_step(cfg, args.micro_batch[0], rate=args.rate, census=census)
-        print(f"\none eager step's forward + backward at micro-batch {args.micro_batch[0]}: "
+        trace_step(cfg, sizes[0], rate=args.rate, census=census)
+        print(f"\none eager step's forward + backward at micro-batch {sizes[0]}: "
               f"{sum(census.kernels.values())} kernels, {sum(census.bytes.values()) / 1e9:.1f} GB read + written, "
               f"host reads {census.host_reads or 'none'}")
         print("| kind | kernels | GB |\n|---|---|---|")

@@ -54,13 +54,19 @@ def test_report_needs_a_run_directory(tmp_path, capsys):
     assert "no such run directory" in capsys.readouterr().err
 
 
-def test_out_of_memory_in_a_step_is_one_line_naming_the_micro_batch(tmp_path, text_corpus, monkeypatch, capsys):
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_out_of_memory_in_a_step_is_one_line_naming_the_micro_batch(wrapped, tmp_path, text_corpus, monkeypatch,
+                                                                    capsys):
     """A micro-batch too large for the GPU (the paper-147m preset once ran 128 x 4096 bytes per pass) is one line
-    that names --micro-batch-size, exit 2, not a CUDA traceback. Simulated on CPU at the first step."""
+    that names --micro-batch-size, exit 2, not a CUDA traceback; also when torch.compile wraps the error (an
+    out-of-memory inside a compiled stage's first call). Simulated on CPU at the first step."""
     import learntok.train.loop as loop
 
     def oom(*a, **k):
-        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        error = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        if not wrapped:
+            raise error
+        raise RuntimeError("backend='inductor' raised: BackendCompilerFailed") from error
 
     monkeypatch.setattr(loop, "train_step", oom)
     argv = ["train", "--data", str(text_corpus), "--out", str(tmp_path / "run"), "--max-steps", "2",

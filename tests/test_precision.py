@@ -166,3 +166,24 @@ def test_the_residual_stream_is_bf16_under_bf16_mixed_when_asked(residual):
     assert run(residual, mixed=False)[1] == {torch.float32}
     other, _ = run("fp32" if residual == "autocast" else "autocast", mixed=True)
     torch.testing.assert_close(out.logits, other.logits, atol=2e-2, rtol=0)  # logits ~0.5; 4e-3 seen
+
+
+def test_fsdp_keeps_fp32_runs_fp32_and_the_residual_stream_its_own_dtype():
+    """FSDP2 on CUDA used bf16 parameters whatever --precision said (an fp32 run computed in bf16) and cast every
+    block's inputs to bf16 (the residual stream too). Now only bf16-mixed gathers bf16 parameters, and it leaves
+    the blocks' inputs alone; with bf16 weights under autocast the stream is still fp32 by default."""
+    from learntok.boundaries import boundary_config
+    from learntok.config import ModelConfig
+    from learntok.model import build_model
+    from learntok.train.parallel import fsdp_mixed_precision
+
+    cuda = torch.device("cuda")
+    mixed = fsdp_mixed_precision("bf16-mixed", cuda)
+    assert mixed.param_dtype == torch.bfloat16 and mixed.reduce_dtype == torch.float32
+    assert not mixed.cast_forward_inputs
+    for precision, dev in (("fp32", cuda), ("bf16", cuda), ("bf16-mixed", torch.device("cpu"))):
+        assert fsdp_mixed_precision(precision, dev).param_dtype is None
+    m = build_model(ModelConfig(d_model=32, n_heads=2, n_mid=1, byte_window=8), boundary_config("uniform"))
+    m.embed.to(torch.bfloat16)  # what FSDP2 gathers under bf16-mixed
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert m._embed(torch.zeros(1, 4, dtype=torch.long)).dtype == torch.float32

@@ -161,6 +161,31 @@ def test_a_non_finite_step_is_skipped_and_changes_nothing(tmp_path, text_corpus,
     assert not all(torch.equal(a[n], c[n]) for n in a)
 
 
+def test_a_skipped_step_does_not_become_the_lagged_baseline(tmp_path, text_corpus, monkeypatch):
+    """--batch-stats lagged: a step skipped for a non-finite loss (its statistics NaN too) must not hand them to
+    the next step, or every isolated bad step would poison the next one as well."""
+    import dataclasses
+
+    real = ByteLM.forward
+    calls = {"n": 0}
+
+    def forward(self, *a, **kw):
+        out = real(self, *a, **kw)
+        if self.training and torch.is_grad_enabled():
+            calls["n"] += 1
+            if calls["n"] == 3:  # step 2's first micro-batch
+                out.loss = out.loss * float("nan")
+                out.batch_stats = dataclasses.replace(out.batch_stats, g_sum=out.batch_stats.g_sum * float("nan"))
+        return out
+
+    monkeypatch.setattr(ByteLM, "forward", forward)
+    cfg = tiny_train_config(tmp_path / "run", text_corpus, max_steps=4, micro_batch_size=2, batch_stats="lagged")
+    lines = []
+    assert train(cfg, log=lines.append).steps == 4
+    assert sum("update skipped" in line for line in lines) == 1
+    assert [r.get("train/skipped_steps") for r in _rows(tmp_path / "run") if "train/lr" in r] == [None, 1, None, None]
+
+
 def test_consecutive_non_finite_steps_stop_the_run_with_one_line(tmp_path, text_corpus, monkeypatch, capsys):
     _poison(monkeypatch, set(range(3, 100)))
     cfg = tiny_train_config(tmp_path / "r", text_corpus, max_steps=20, max_bad_steps=3)

@@ -45,6 +45,18 @@ def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t.to(device)
 
 
+def out_of_memory(e: BaseException) -> bool:
+    """An out-of-memory error, also when torch.compile wraps it (InductorError, BackendCompilerFailed) or a
+    library re-raises it with another type: the chain of causes is searched."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower():
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
 def configure_matmul(precision: str, device: torch.device) -> None:
     """On CUDA: TF32 for the fp32 matmuls that remain under bf16 (Ampere and later), and strict fp32 matmuls for
     `fp32`, set either way: the flag is process-wide, so an earlier bf16 run in the same process must not leave

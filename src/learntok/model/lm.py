@@ -155,13 +155,14 @@ class ByteLM(nn.Module):
         return rope_tables(pos, self.cfg.d_model // self.cfg.n_heads, self.cfg.rope_base)
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
-        """Byte embeddings, the start of the residual stream: fp32, or with --residual-dtype autocast the
-        autocast dtype under autocast (bf16 under bf16-mixed). Every block returns its input's dtype, so this
-        sets the stream's dtype for the whole U-Net: bf16 halves the bytes its norms, adds and casts move."""
+        """Byte embeddings, the start of the residual stream. Under autocast (bf16-mixed) the stream is fp32, or
+        the autocast dtype with --residual-dtype autocast, whatever dtype the weights are gathered in (FSDP2
+        gathers bf16); without autocast, the weights' dtype. Every block returns its input's dtype, so this sets
+        the stream's dtype for the whole U-Net: bf16 halves the bytes its norms, adds and casts move."""
         x = self.embed(ids)
         dev = ids.device.type
-        if self.cfg.residual_dtype == "autocast" and torch.is_autocast_enabled(dev):
-            x = x.to(torch.get_autocast_dtype(dev))
+        if torch.is_autocast_enabled(dev):
+            x = x.to(torch.get_autocast_dtype(dev) if self.cfg.residual_dtype == "autocast" else torch.float32)
         return x
 
     def encode(self, ids: torch.Tensor) -> torch.Tensor:

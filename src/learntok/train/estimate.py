@@ -25,6 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from learntok.config import TrainConfig
 from learntok.model import build_model
+from learntok.model.lm import COMPILE_BUCKET
 from learntok.nn import attention
 from learntok.nn.attention import flex_backward_on_cpu
 from learntok.train.schedule import make_optimizer
@@ -166,7 +167,7 @@ def trace_step(cfg: TrainConfig, micro_batch: int, *, rate: float | None = None,
     model_cfg = cfg.model
     if model_cfg.attn_backend == "auto":
         model_cfg = replace(model_cfg, attn_backend="flex")
-    bucket = model_cfg.token_bucket or (64 if compile_like else 1)
+    bucket = model_cfg.token_bucket or (COMPILE_BUCKET if compile_like else 1)
     T = cfg.data.seq_len
     target = rate if rate is not None else 1.25 * getattr(cfg.boundary, "target_rate", 1.0)
     slots = min(T, -(-int(target * T) // bucket) * bucket)

@@ -23,7 +23,7 @@ import torch.distributed as tdist
 from learntok.config import TrainConfig, to_dict
 from learntok.data import BatchIterator, ByteSequences, describe, load_splits, val_batches_with_flags
 from learntok.data.stream import StreamBatches, open_stream
-from learntok.device import autocast, configure_matmul, resolve_precision, to_device
+from learntok.device import autocast, configure_matmul, out_of_memory, resolve_precision, to_device
 from learntok.errors import TrainingError
 from learntok.model import build_model
 from learntok.model.lm import ByteLM
@@ -111,7 +111,7 @@ def train(cfg: TrainConfig, *, log=print, on_eval: EvalHook | None = None) -> Ru
         model.token_count_reduce = lambda count: all_reduce_max(count, d)
     if cfg.compile and sharded:
         model.compile_blocks()  # FSDP2's hooks stay outside the graphs: compile block by block, before sharding
-    wrapped = wrap_model(model, cfg.parallel, d)
+    wrapped = wrap_model(model, cfg.parallel, d, precision)
     opt = make_optimizer(model, cfg.optim, fused=d.device.type == "cuda" and not sharded)
     if optim_state is not None:
         load_optimizer_state(wrapped, opt, optim_state, sharded)
@@ -186,8 +186,10 @@ def train(cfg: TrainConfig, *, log=print, on_eval: EvalHook | None = None) -> Ru
                 try:
                     tokens, bad = train_step(cfg, model, wrapped, opt, batches, state.step, d, micro, accum, window,
                                              stats)
-                except torch.OutOfMemoryError as e:
-                    raise TrainingError(out_of_memory_advice(micro, cfg.data.seq_len, d.device, state.step)) from e
+                except Exception as e:  # an out-of-memory error may come wrapped (by torch.compile, say)
+                    if out_of_memory(e):
+                        raise TrainingError(out_of_memory_advice(micro, cfg.data.seq_len, d.device, state.step)) from e
+                    raise
                 state.step += 1
                 state.bytes_seen += bytes_per_step
                 state.tokens_seen += tokens
@@ -320,7 +322,6 @@ def train_step(cfg: TrainConfig, model: ByteLM, wrapped, opt, batches: BatchIter
         if out.batch_stats is not None:
             local.append(out.batch_stats)
         window.add_micro(out, accum)  # on the device: read at log intervals
-    stats.observe(local)
     clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
     if hasattr(norm, "full_tensor"):  # FSDP2: a DTensor over the shards
@@ -332,6 +333,7 @@ def train_step(cfg: TrainConfig, model: ByteLM, wrapped, opt, batches: BatchIter
         finite = not bool(all_reduce_max(torch.tensor(float(not finite)), d))
     if finite:
         opt.step()
+        stats.observe(local)  # (a skipped step's statistics may be NaN: the lag stays the last finite step's)
     opt.zero_grad(set_to_none=True)
     window.end_step(grad_norm, applied=finite)
     bad = "" if finite else f"loss {', '.join(f'{v:g}' for v in losses)}, gradient norm {grad_norm:g}"

@@ -202,15 +202,28 @@ def reduce_means(rec: dict[str, float], d: Dist, max_keys: tuple[str, ...] = ())
     return out
 
 
-def wrap_model(model: torch.nn.Module, parallel: str, d: Dist) -> torch.nn.Module:
-    """DistributedDataParallel (default) or FSDP2 under torchrun; the bare model in a single process."""
+def fsdp_mixed_precision(precision: str, device: torch.device):
+    """FSDP2's MixedPrecisionPolicy for --precision on `device` (see `wrap_model`)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    if precision == "bf16-mixed" and device.type == "cuda":
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, cast_forward_inputs=False)
+    return MixedPrecisionPolicy()
+
+
+def wrap_model(model: torch.nn.Module, parallel: str, d: Dist, precision: str = "fp32") -> torch.nn.Module:
+    """DistributedDataParallel (default) or FSDP2 under torchrun; the bare model in a single process.
+
+    FSDP2 with bf16-mixed on CUDA gathers bf16 parameters for the forward pass and reduces gradients in fp32,
+    and leaves the blocks' inputs as they are (cast_forward_inputs=False), so the residual stream keeps the dtype
+    --residual-dtype gives it (autocast casts the matmuls' inputs anyway). Otherwise no casting: fp32 stays
+    fp32, and pure bf16's parameters are bf16 already."""
     if not d.active:
         return model
     if parallel == "fsdp":
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        from torch.distributed.fsdp import fully_shard
 
-        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
-            if d.device.type == "cuda" else MixedPrecisionPolicy()
+        mp = fsdp_mixed_precision(precision, d.device)
         for blk in [*model.down, *model.mid, *model.up]:
             fully_shard(blk, mp_policy=mp)
         return fully_shard(model, mp_policy=mp)
