@@ -59,6 +59,7 @@ from learntok.device import (
 from learntok.model.lm import ByteLM
 from learntok.presets import get_preset
 from learntok.train import make_optimizer
+from learntok.train.state import run_info
 from learntok.vocab import BOS
 
 
@@ -166,25 +167,17 @@ def _version(package: str) -> str | None:
         return None
 
 
-def _git_commit() -> str | None:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
-                              check=True, cwd=Path(__file__).parent).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
 def provenance(device: torch.device, precision: str, gemm_size: int, peak: float | None) -> dict:
     """Where and with what the figures were measured: the GPU as nvidia-smi reads it right after the GEMM
     timing (loaded clocks), the software versions, the measured GEMM ceiling, the data sheet's peak, the
     command and the time."""
     gemm = gemm_tflops(device, gemm_size) if gemm_size else None
-    smi = nvidia_smi(device)
+    smi, info = nvidia_smi(device), run_info()
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
     return {**dict.fromkeys(SMI_FIELDS.values()), "gpu": name, **smi,
-            "cuda": torch.version.cuda, "torch": torch.__version__, "triton": _version("triton"),
-            "python": platform.python_version(), "precision": precision, "gemm_size": gemm_size or None,
-            "gemm_tflops": gemm, "peak_tflops": peak / 1e12 if peak else None, "git": _git_commit(),
+            "cuda": torch.version.cuda, "torch": info["torch"], "triton": _version("triton"),
+            "python": info["python"], "precision": precision, "gemm_size": gemm_size or None,
+            "gemm_tflops": gemm, "peak_tflops": peak / 1e12 if peak else None, "git": info["git_sha"],
             "command": " ".join(["python", *sys.argv]),
             "time_utc": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")}
 

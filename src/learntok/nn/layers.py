@@ -65,7 +65,6 @@ class RMSNorm(nn.Module):
         return _RMSNormFn.apply(x, self.weight, self.eps)
 
 
-
 def rope_tables(pos: torch.Tensor, dim: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin for rotary embeddings at integer positions `pos` (T,) or (B,T) -> (..., 1, T, dim/2)
     broadcastable against (B,H,T,dim/2)."""

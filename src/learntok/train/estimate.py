@@ -153,13 +153,13 @@ class StepTrace:
 
 
 def trace_step(cfg: TrainConfig, micro_batch: int, *, rate: float | None = None, steps: int = 2,
-               compile_like: bool = True, census: OpCensus | None = None) -> StepTrace:
+               census: OpCensus | None = None) -> StepTrace:
     """Trace `steps` training steps of `micro_batch` sequences of cfg's length on fake tensors in the CUDA
     configuration (precision auto -> bf16-mixed, attention auto -> flex) and return their memory.
 
     rate: the boundary rate to size the token level for (default: the strategy's target rate, plus 25 % head
     room, as a batch's largest count exceeds the mean), rounded up to the bucket (--token-bucket, or
-    --compile's 64 when compile_like). The second step is the steady state (AdamW's moments exist); `census`
+    --compile's 64). The second step is the steady state (AdamW's moments exist); `census`
     records the last step's forward and backward pass (not the optimizer's)."""
     if cfg.activation_checkpointing:
         raise ValueError("activation checkpointing is not estimated: the fake trace of FlexAttention's uncompiled "
@@ -167,7 +167,7 @@ def trace_step(cfg: TrainConfig, micro_batch: int, *, rate: float | None = None,
     model_cfg = cfg.model
     if model_cfg.attn_backend == "auto":
         model_cfg = replace(model_cfg, attn_backend="flex")
-    bucket = model_cfg.token_bucket or (COMPILE_BUCKET if compile_like else 1)
+    bucket = model_cfg.token_bucket or COMPILE_BUCKET
     T = cfg.data.seq_len
     target = rate if rate is not None else 1.25 * getattr(cfg.boundary, "target_rate", 1.0)
     slots = min(T, -(-int(target * T) // bucket) * bucket)

@@ -120,24 +120,9 @@ class FixedStats:
         return self.s
 
 
-class LaggedStats:
-    """`--batch-stats lagged`: the previous step's global sums, or at the first step (none yet) each
-    micro-batch's own (under --compile, one more stage-2 graph for that step)."""
-
-    def __init__(self, previous: BatchStatistics | None):
-        self.previous = previous
-
-    def __call__(self, local: BatchStatistics) -> BatchStatistics:
-        if self.previous is None:
-            return local
-        return self.previous
-
-
 def global_sum(parts: list[BatchStatistics], d: Dist) -> BatchStatistics:
     """The sum of micro-batches' local sums over this process's micro-batches and all ranks (one all-reduce)."""
-    total = parts[0]
-    for s in parts[1:]:
-        total = total + s
+    total = sum(parts[1:], parts[0])
     return BatchStatistics.unstack(all_reduce_sum(total.stacked(), d), total.g_sum.shape[0])
 
 
@@ -169,8 +154,8 @@ class GlobalStats:
         gradients and returns their local sums (called only for prepass under accumulation)."""
         if not self.needed:
             return None
-        if self.mode == "lagged":
-            return LaggedStats(self.previous)
+        if self.mode == "lagged":  # at the first step (no lag yet) each micro-batch's own statistics
+            return FixedStats(self.previous) if self.previous is not None else None
         if self.accum == 1:
             return AllReduceStats(self.d)
         return FixedStats(global_sum(pre_pass(), self.d))
