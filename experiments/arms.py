@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+from learntok import records
+
 ARMS: dict[str, list[str]] = {
     # the learned policy: the small preset (D = 2, gamma 0.9, normalised advantages, detached encoder, w = 0,
     # mean pooling), and variants
@@ -56,12 +58,6 @@ RATE_FREE = {"whitespace": None, "whitespace-ee": None, "flat": 1.0, "bpe-lm": 0
 learntok.boundaries.bpe.heldout_rate: 0.306; 8192 tokens give 0.272, 16384 give 0.246; learned-w1-vb-rate188
 sets its own lower --target-rate and is budgeted at uniform's 0.2, the rate it is meant to realise)."""
 EVAL_BYTES = 262_144
-T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, math.inf: 1.96}
-"""Two-sided 95 % Student t quantiles by degrees of freedom (math.inf: the normal limit, used past 9)."""
-T975 = {1: 25.45, 2: 6.21, 3: 4.18, 4: 3.50, 5: 3.16, 6: 2.97, 7: 2.84, 8: 2.75, 9: 2.69, math.inf: 2.24}
-"""Two-sided 97.5 % quantiles: a 95 % interval Bonferroni-split over two looks at one growing seed set."""
-
-
 def arm_flags(name: str, rate: float) -> list[str]:
     flags = list(ARMS[name])
     return flags if name in RATE_FREE else [*flags, "--target-rate", f"{rate:.4f}"]
@@ -80,25 +76,24 @@ def flops_per_byte(name: str, rate: float) -> float:
 def train_arm(run: Path, data: Path, name: str, *, rate: float, seed: int, max_bytes: float = 0,
               time_budget: float = 0, eval_every: int = 0, ckpt_every: int = 500) -> dict:
     """Train one arm in a fresh process (log in RUN.log) for `max_bytes` bytes, or for `time_budget` seconds on a
-    time schedule; an interrupted arm (a checkpoint in RUN) is resumed exactly. Returns its final metrics and its
-    validation curve (bytes, FLOPs, seconds, val BPB)."""
+    time schedule; an interrupted arm (a checkpoint in RUN) is resumed exactly. Returns its final metrics, its
+    validation curve (bytes, FLOPs, seconds, val BPB), the training command and the run's config and provenance."""
     common = ["--progress-style", "lines", "--ckpt-every", str(ckpt_every), "--eval-every", str(eval_every)]
-    if (run / "latest").exists():
-        cmd = [sys.executable, "-m", "learntok", "train", "--resume", str(run), *common]
-    else:
-        budget = (["--schedule", "time", "--time-budget", str(time_budget)] if time_budget
-                  else ["--max-bytes", str(int(max_bytes))])
-        cmd = [sys.executable, "-m", "learntok", "train", "--preset", "small", "--data", str(data), "--out", str(run),
-               "--overwrite", "--seed", str(seed), *budget, *common, *arm_flags(name, rate)]
+    budget = (["--schedule", "time", "--time-budget", str(time_budget)] if time_budget
+              else ["--max-bytes", str(int(max_bytes))])
+    fresh = ["train", "--preset", "small", "--data", str(data), "--out", str(run), "--overwrite", "--seed", str(seed),
+             *budget, *common, *arm_flags(name, rate)]
+    args = ["train", "--resume", str(run), *common] if (run / "latest").exists() else fresh
     t0 = time.time()
     with open(run.parent / f"{run.name}.log", "a") as log:  # not with_suffix: "2.4e+07" has a dot
-        subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT)
+        subprocess.run([sys.executable, "-m", "learntok", *args], check=True, stdout=log, stderr=subprocess.STDOUT)
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
     evals = [r for r in rows if "val/bpb" in r]
     final = evals[-1]
+    config, prov = records.run_provenance(run)
     return {"bytes": final["bytes"], "flops": final["flops"], "train_seconds": final["time"],
-            "wall_seconds": time.time() - t0,
-            "curve": [[r["bytes"], r["flops"], r["time"], r["val/bpb"]] for r in evals]}
+            "wall_seconds": time.time() - t0, "command": "learntok " + " ".join(fresh), "config": config,
+            "provenance": prov, "curve": [[r["bytes"], r["flops"], r["time"], r["val/bpb"]] for r in evals]}
 
 
 def evaluate_arm(run: Path, reference) -> dict:
@@ -142,19 +137,29 @@ def budget_key(row: dict, results: dict) -> tuple[str, float]:
     return "flops", row.get("flops_budget", results.get("flops_budget"))
 
 
-def run_arms(out: Path, data: Path, arms: list[str], seeds: list[int], *, rate: float, budget_bytes: float = 0,
-             time_budget: float = 0, reference, eval_every: int = 0, skip=lambda name: False,
-             run_name=None, results_path: Path | None = None) -> dict:
-    """Train and evaluate every (arm, seed) not yet in `results_path` (OUT/results.json by default), one at a
-    time, and return the results. Run directories (checkpoints) go under OUT; the results file is small, so a
-    study can keep it in version control while its run directories come and go. Budget: the training FLOPs of
-    `budget_bytes` of `uniform` (each arm gets the bytes that cost as much), or, with `time_budget`, that many
-    seconds of training on a time schedule (the matched-time view)."""
+def load_results(path: Path, data: Path | None = None) -> dict:
+    """{"data", "arms"} of a records file (learntok.records): every record, checked to be on `data` if given."""
+    rows = records.load(path)
+    names = {Path(r["data"]).name for r in rows if "data" in r}
+    if data is not None and names - {Path(data).name}:
+        raise ValueError(f"{path} holds results on {', '.join(sorted(names))}, not {data}: give another --results "
+                         "file")
+    return {"data": str(data if data is not None else next(iter(names), "")), "arms": rows}
+
+
+def run_arms(out: Path, data: Path, arms: list[str], seeds: list[int], *, study: str, rate: float,
+             budget_bytes: float = 0, time_budget: float = 0, reference, eval_every: int = 0, skip=lambda name: False,
+             run_name=None, results_path: Path | None = None, extra: dict | None = None) -> dict:
+    """Train and evaluate every (arm, seed) not yet in `results_path` (OUT/records.jsonl by default), one at a
+    time, and return the results. Each finished arm is one record (learntok.records: command, config, provenance,
+    metrics, curve; `extra` adds fields such as the planted floors) appended at once, so an interrupted study keeps
+    what finished. Run directories (checkpoints) go under OUT; the records file is small, so a study keeps it in
+    version control while its run directories come and go. Budget: the training FLOPs of `budget_bytes` of
+    `uniform` (each arm gets the bytes that cost as much), or, with `time_budget`, that many seconds of training on
+    a time schedule (the matched-time view)."""
     out.mkdir(parents=True, exist_ok=True)
-    path = Path(results_path) if results_path else out / "results.json"
-    results = json.loads(path.read_text()) if path.exists() else {"data": str(data), "arms": []}
-    if Path(results["data"]).name != Path(data).name:
-        raise ValueError(f"{path} holds results on {results['data']}, not {data}: give another --results file")
+    path = Path(results_path) if results_path else out / "records.jsonl"
+    results = load_results(path, data)
     if time_budget:
         key, tag = ("time", float(time_budget)), f"{time_budget:g}s"
     else:
@@ -167,20 +172,20 @@ def run_arms(out: Path, data: Path, arms: list[str], seeds: list[int], *, rate: 
             run = out / (run_name(name, seed) if run_name else f"{name}-{tag}-seed{seed}")
             if key[0] == "time":
                 res = train_arm(run, data, name, rate=rate, seed=seed, time_budget=time_budget, eval_every=eval_every)
-                res = {"match": "time", "time_budget": float(time_budget), **res}
+                budget = {"match": "time", "time_budget": float(time_budget)}
             else:
                 res = train_arm(run, data, name, rate=rate, seed=seed, eval_every=eval_every,
                                 max_bytes=key[1] / flops_per_byte(name, rate))
-                res = {"match": "flops", "flops_budget": key[1], "budget_bytes": budget_bytes, **res}
-            res = {"arm": name, "seed": seed, "flags": arm_flags(name, rate), **res, **evaluate_arm(run, reference)}
-            results["arms"].append(res)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(results, indent=1) + "\n")
-            tmp.replace(path)
-            print(f"{name} seed {seed}: test BPB {res['test']['bpb']:.4f}, F1 {res['test']['f1']:.3f}, rate "
-                  f"{res['test']['rate']:.3f}, {res['bytes'] / 1e6:.2f} MB, {res['flops']:.3g} FLOPs, "
-                  f"{res['train_seconds']:.0f} s", flush=True)
+                budget = {"match": "flops", "flops_budget": key[1], "budget_bytes": budget_bytes}
+            command, prov = res.pop("command"), res.pop("provenance")
+            rec = records.make(study, name, seed, command=command, prov=prov, data=str(data),
+                               flags=arm_flags(name, rate), **budget, **res, **evaluate_arm(run, reference),
+                               **(extra or {}))
+            records.append(path, rec)
+            results["arms"].append(rec)
+            print(f"{name} seed {seed}: test BPB {rec['test']['bpb']:.4f}, F1 {rec['test']['f1']:.3f}, rate "
+                  f"{rec['test']['rate']:.3f}, {rec['bytes'] / 1e6:.2f} MB, {rec['flops']:.3g} FLOPs, "
+                  f"{rec['train_seconds']:.0f} s", flush=True)
     return results
 
 
@@ -190,11 +195,13 @@ def mean_se(xs: list[float], digits: int = 4) -> str:
     return f"{statistics.mean(xs):.{digits}f} ± {statistics.stdev(xs) / math.sqrt(len(xs)):.{digits}f}"
 
 
-def t_interval(d: list[float], table: dict[int, float] = T95) -> tuple[float, float, float]:
-    """(mean, half-width of its Student-t interval, standard error) of paired differences (>= 2); 95 % unless
-    another quantile table is given."""
-    m, se = statistics.mean(d), statistics.stdev(d) / math.sqrt(len(d))
-    return m, table.get(len(d) - 1, table[math.inf]) * se, se
+def t_interval(d: list[float], level: float = 0.95) -> tuple[float, float, float]:
+    """(mean, half-width of its Student-t interval, standard error) of paired differences (>= 2), with the exact
+    t quantile at len(d) - 1 degrees of freedom."""
+    from learntok.evaluation.stats import paired_interval
+
+    p = paired_interval(d, level)
+    return p["mean"], p["half"], p["se"]
 
 
 def paired(rows: list[dict], arm: str, base: str, split: str = "test") -> str:
@@ -227,7 +234,8 @@ def table(results: dict, floor: dict | None = None, *, bases: tuple[str, ...] = 
     lines = []
     groups: dict = {}
     for r in results["arms"]:
-        groups.setdefault(budget_key(r, results), []).append(r)
+        if r.get("source") != "transcribed":  # numbers only: no bytes, FLOPs or curves to tabulate
+            groups.setdefault(budget_key(r, results), []).append(r)
     for (match, budget), rows in sorted(groups.items()):
         arms = list(dict.fromkeys(r["arm"] for r in rows))
         sub = "− floor " if floor else ""

@@ -4,7 +4,6 @@ paired statistics, the tables, and one resumable two-arm run end to end."""
 from __future__ import annotations
 
 import importlib.util
-import json
 import math
 import statistics
 import sys
@@ -14,6 +13,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
 import arms  # noqa: E402
+
+from learntok import records  # noqa: E402
+from learntok.evaluation.stats import t_quantile  # noqa: E402
 
 
 def test_flops_matched_baselines_cost_what_the_u_net_costs_per_byte():
@@ -42,9 +44,9 @@ def test_paired_differences_use_seeds_as_pairs_and_say_tie_when_the_interval_cov
     assert "tie" in arms.paired(rows, "noisy", "uniform")
     assert arms.paired(rows, "uniform", "learned").startswith("-0.0233")
     assert arms.paired(base + _rows("one", [1.9]), "one", "uniform") == "+0.1000 (1 seed)"
-    # half width = t(2) * sd / sqrt(3) with t(2) = 4.30
+    # half width = t(2) * sd / sqrt(3) with t(2) = 4.303
     lo = float(arms.paired(rows, "learned", "uniform").split("[")[1].split(",")[0])
-    assert lo == pytest.approx(0.0233 - 4.30 * 0.005774 / 3 ** 0.5, abs=2e-4)
+    assert lo == pytest.approx(0.0233 - 4.303 * 0.005774 / 3 ** 0.5, abs=2e-4)
 
 
 def test_tables_group_by_budget_and_read_old_results():
@@ -72,12 +74,14 @@ def test_leaderboard_runs_resumes_and_reports(tmp_path, text_corpus, monkeypatch
     (text_corpus / "test" / "0.txt").write_text((text_corpus / "valid" / "0.txt").read_text()[::-1])
     monkeypatch.setattr(arms, "EVAL_BYTES", 2048)
     out = tmp_path / "lb"
-    record = tmp_path / "kept" / "lb.json"  # the results file apart from the run directories (--results)
-    kw = dict(rate=0.2, budget_bytes=3 * 4096, reference=arms.spacebyte, results_path=record)
+    record = tmp_path / "kept" / "lb.jsonl"  # the records file apart from the run directories (--results)
+    kw = dict(study="lb", rate=0.2, budget_bytes=3 * 4096, reference=arms.spacebyte, results_path=record)
     res = arms.run_arms(out, text_corpus, ["uniform", "learned"], [0], **kw)
     assert [(r["arm"], r["seed"]) for r in res["arms"]] == [("uniform", 0), ("learned", 0)]
-    assert not (out / "results.json").exists()
-    for r in res["arms"]:
+    assert not (out / "records.jsonl").exists()
+    for r in res["arms"]:  # full records: the command, the run's config and provenance, the measurements
+        assert r["study"] == "lb" and r["source"] == "measured" and r["command"].startswith("learntok train")
+        assert r["provenance"]["git_sha"] and "git_dirty" in r["provenance"] and r["config"]["seed"] == 0
         assert r["flops"] == pytest.approx(r["flops_budget"], rel=0.5) and r["test"]["bpb"] > 0
         assert r["val"]["bpb"] != r["test"]["bpb"]
     stamp = record.stat().st_mtime_ns
@@ -101,7 +105,7 @@ def test_leaderboard_runs_resumes_and_reports(tmp_path, text_corpus, monkeypatch
     md = (out / "results.md").read_text()
     assert "| learned | 1 |" in md and "Ranking by test BPB" in md
     assert (out / "leaderboard.png").stat().st_size > 10_000
-    json.loads(record.read_text())
+    assert records.load(record) == res["arms"]
 
 
 def test_headline_reports_a_declared_seed_set_only_when_it_is_complete(capsys, monkeypatch, tmp_path):
@@ -115,16 +119,16 @@ def test_headline_reports_a_declared_seed_set_only_when_it_is_complete(capsys, m
         return {"arm": arm, "seed": seed, "match": "flops", "budget_bytes": budget, "test": {"bpb": test},
                 "val": {"bpb": val}}
 
-    transcribed = {"seeds": [{"seed": 10, "test": {"learned-w1-vb": 2.0, "uniform": 2.1}, "val_difference": -0.1}]}
-    results = {"arms": [row("learned-w1-vb", 14, 2.0, 2.2), row("uniform", 14, 2.05, 2.2),
+    transcribed = [{**row("learned-w1-vb", 10, 2.0, None), "val_difference": -0.1}, row("uniform", 10, 2.1, None)]
+    results = {"arms": [*transcribed, row("learned-w1-vb", 14, 2.0, 2.2), row("uniform", 14, 2.05, 2.2),
                         row("learned-w1-vb", 15, 2.0, 2.2),  # its pair is not finished: no difference yet
                         row("uniform", 16, 2.0, 2.0, budget=6e6), row("learned-w1-vb", 16, 1.0, 1.0, budget=6e6)]}
-    pairs = leaderboard.headline_pairs(results, transcribed)
+    pairs = leaderboard.headline_pairs(results)
     assert list(pairs) == [10, 14]
     assert pairs[10] == (pytest.approx(-0.1), -0.1) and pairs[14] == (pytest.approx(-0.05), pytest.approx(0.0))
 
-    # the committed record and transcription give the documented five-seed result (docs/results.md)
-    record = Path(arms.__file__).parent / "leaderboard" / "enwiki.json"
+    # the committed records (seeds 10-13 transcribed) give the documented five-seed result (docs/results.md)
+    record = Path(arms.__file__).parent / "leaderboard" / "records.jsonl"
     monkeypatch.setattr(sys, "argv", ["run.py", "headline", "--results", str(record)])
     leaderboard.main()
     out = capsys.readouterr().out
@@ -132,22 +136,26 @@ def test_headline_reports_a_declared_seed_set_only_when_it_is_complete(capsys, m
 
     # a complete extension (seeds 14-18 made up here) adds the 9-seed set, its two-look (97.5 %) interval and the
     # replication by the new seeds 15-18 alone, each from its own seeds' differences
+    committed = arms.load_results(record)["arms"]
+    kept = [r for r in committed if r["source"] == "transcribed"]
     made_up = {14: -0.011, 15: -0.032, 16: +0.013, 17: -0.047, 18: -0.023}
-    results = {"arms": [r for seed, d in made_up.items()
-                        for r in (row("learned-w1-vb", seed, 2.0 + d, 2.0 + d), row("uniform", seed, 2.0, 2.0))]}
-    path = tmp_path / "results.json"
-    path.write_text(json.dumps(results))
+    fresh = [records.make("lb", a, seed, command="x", prov={"git_sha": "0" * 40}, match="flops", budget_bytes=2.4e7,
+                          test={"bpb": 2.0 + d * (a != "uniform")}, val={"bpb": 2.0})
+             for seed, d in made_up.items() for a in ("learned-w1-vb", "uniform")]
+    path = tmp_path / "records.jsonl"
+    records.write(path, kept + fresh)
     monkeypatch.setattr(sys, "argv", ["run.py", "headline", "--results", str(path)])
     leaderboard.main()
     lines = capsys.readouterr().out.splitlines()
-    transcribed = json.loads((Path(arms.__file__).parent / "leaderboard" / "headline_seeds_10-13.json").read_text())
-    nine = [r["test"]["learned-w1-vb"] - r["test"]["uniform"] for r in transcribed["seeds"]] + list(made_up.values())
+    test = {(r["arm"], r["seed"]): r["test"]["bpb"] for r in kept}
+    nine = [test["learned-w1-vb", s] - test["uniform", s] for s in range(10, 14)] + list(made_up.values())
 
-    def expected(d, t):
+    def expected(d, level):
         m, se = statistics.mean(d), statistics.stdev(d) / math.sqrt(len(d))
+        t = t_quantile(level, len(d) - 1)
         return f"test {m:+.4f} [{m - t * se:+.4f}, {m + t * se:+.4f}]"
 
     extension = next(i for i, line in enumerate(lines) if "(seeds 10-18)" in line)
-    assert expected(nine, 2.31) in lines[extension]
-    assert "97.5 %" in lines[extension + 1] and expected(nine, 2.75) in lines[extension + 1]
-    assert "(15-18, a replication)" in lines[extension + 2] and expected(nine[5:], 3.18) in lines[extension + 2]
+    assert expected(nine, 0.95) in lines[extension]
+    assert "97.5 %" in lines[extension + 1] and expected(nine, 0.975) in lines[extension + 1]
+    assert "(15-18, a replication)" in lines[extension + 2] and expected(nine[5:], 0.95) in lines[extension + 2]

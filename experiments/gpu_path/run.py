@@ -10,9 +10,10 @@ built-in data, the README's first command), paired by seed:
     python experiments/gpu_path/run.py run --question batch-stats --seeds 0 1
     python experiments/gpu_path/run.py table
 
-Each arm and seed is a record in experiments/gpu_path/records.json (flags, command, seed, git commit, validation
-BPB, training seconds, final training loss); an arm already recorded for a seed is skipped, so an interrupted
-run goes on where it stopped. `table` prints every arm and the paired differences with 95 % t-intervals.
+Each arm and seed is a record in experiments/gpu_path/records.jsonl (learntok.records: flags, command, config,
+git SHA, versions, machine, validation BPB, training seconds, final training loss); an arm already recorded for a
+seed is skipped, so an interrupted run goes on where it stopped. `table` prints every arm and the paired
+differences with 95 % t-intervals.
 """
 
 from __future__ import annotations
@@ -23,10 +24,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from arms import t_interval  # noqa: E402
+from learntok import records
+from learntok.evaluation.stats import paired_interval
 
-RECORDS = Path(__file__).with_name("records.json")
+RECORDS = Path(__file__).with_name("records.jsonl")
 QUESTIONS = {
     "precision": {
         "fp32": ["--precision", "fp32"],
@@ -42,20 +43,10 @@ PAIRS = [("bf16-mixed-bf16-stream", "bf16-mixed"), ("bf16-mixed", "fp32"), ("acc
 ARMS = {name: flags for arms in QUESTIONS.values() for name, flags in arms.items()}
 
 
-def _load() -> list[dict]:
-    return json.loads(RECORDS.read_text()) if RECORDS.exists() else []
-
-
-def _git() -> str:
-    return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                          cwd=Path(__file__).parent).stdout.strip()
-
-
 def run(out: Path, seeds: list[int], arms: list[str]) -> None:
-    sha = _git()  # the code the arms run (the script's start, not when each record is written)
     for seed in seeds:
         for arm in arms:
-            if any(r["arm"] == arm and r["seed"] == seed for r in _load()):
+            if records.select(records.load(RECORDS), arm=arm, seed=seed):
                 continue
             run_dir = out / f"{arm}-seed{seed}"
             cmd = [sys.executable, "-m", "learntok", "train", "--out", str(run_dir), "--overwrite", "--no-progress",
@@ -65,31 +56,36 @@ def run(out: Path, seeds: list[int], arms: list[str]) -> None:
             rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
             val = [r for r in rows if "val/bpb" in r][-1]
             train = [r for r in rows if "loss/auto" in r][-1]
-            record = {"arm": arm, "seed": seed, "flags": ARMS[arm], "command": " ".join(["learntok", *cmd[3:]]),
-                      "git": sha, "val_bpb": val["val/bpb"], "val_rate": val["val/rate"],
-                      "final_loss_auto": train["loss/auto"], "bytes": val["bytes"], "train_seconds": train["time"]}
-            RECORDS.write_text(json.dumps(_load() + [record], indent=1) + "\n")
+            config, prov = records.run_provenance(run_dir)
+            record = records.make("gpu_path", arm, seed, command=["learntok", *cmd[3:]], prov=prov, flags=ARMS[arm],
+                                  config=config, val_bpb=val["val/bpb"], val_rate=val["val/rate"],
+                                  final_loss_auto=train["loss/auto"], bytes=val["bytes"], train_seconds=train["time"])
+            records.append(RECORDS, record)
             print(f"  {arm} seed {seed}: val BPB {record['val_bpb']:.4f}", flush=True)
 
 
-def table() -> None:
-    by = {(r["arm"], r["seed"]): r for r in _load()}
+def table() -> str:
+    """Every arm's validation BPB by seed and the paired differences with 95 % t-intervals (markdown)."""
+    by = {(r["arm"], r["seed"]): r for r in records.load(RECORDS)}
     seeds = sorted({s for _, s in by})
-    print("| arm | flags | " + " | ".join(f"seed {s}" for s in seeds) + " | training s |")
-    print("|---|---|" + "---|" * (len(seeds) + 1))
+    lines = ["| arm | flags | " + " | ".join(f"seed {s}" for s in seeds) + " | training s |",
+             "|---|---|" + "---|" * (len(seeds) + 1)]
     for arm, flags in ARMS.items():
         recs = [by.get((arm, s)) for s in seeds]
         if not any(recs):
             continue
         secs = [r["train_seconds"] for r in recs if r and "train_seconds" in r]
-        print(f"| {arm} | `{' '.join(flags)}` | " + " | ".join(f"{r['val_bpb']:.4f}" if r else "-" for r in recs)
-              + f" | {' / '.join(f'{x:.0f}' for x in secs) or '-'} |")
-    print()
+        lines.append(f"| {arm} | `{' '.join(flags)}` | "
+                     + " | ".join(f"{r['val_bpb']:.4f}" if r else "-" for r in recs)
+                     + f" | {' / '.join(f'{x:.0f}' for x in secs) or '-'} |")
+    lines.append("")
     for a, b in PAIRS:
         d = [by[(a, s)]["val_bpb"] - by[(b, s)]["val_bpb"] for s in seeds if (a, s) in by and (b, s) in by]
         if len(d) >= 2:
-            mean, half, _ = t_interval(d)
-            print(f"- {a} − {b}: {mean:+.4f} [{mean - half:+.4f}, {mean + half:+.4f}] val BPB over {len(d)} seeds")
+            p = paired_interval(d)
+            lines.append(f"- {a} − {b}: {p['mean']:+.4f} [{p['lo']:+.4f}, {p['hi']:+.4f}] val BPB over {len(d)} "
+                         f"seeds ({'tie' if p['tie'] else 'differ'})")
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -103,7 +99,7 @@ def main() -> None:
     sub.add_parser("table")
     args = ap.parse_args()
     if args.cmd == "table":
-        return table()
+        return print(table())
     run(args.out, args.seeds, [a for a in QUESTIONS[args.question] if not args.arms or a in args.arms])
 
 

@@ -10,7 +10,7 @@
     python experiments/leaderboard/run.py run --data DATA/enwiki --out runs/leaderboard \
         --seconds 600 --seeds 0 1 --arms learned uniform flat bpe-lm
     python experiments/leaderboard/run.py report --out runs/leaderboard     # results.md and leaderboard.png
-    python experiments/leaderboard/run.py headline --results experiments/leaderboard/enwiki.json   # the pair
+    python experiments/leaderboard/run.py headline --results experiments/leaderboard/records.jsonl   # the pair
 
 Every arm is `learntok train --preset small` plus its flags (experiments/arms.py) at a target rate of 0.2. With
 --bytes B every arm gets the training FLOPs of B bytes of `uniform` by the paper's accounting (6 x matrix
@@ -21,14 +21,14 @@ times during training (the curves of the plot; mid-run points are mid-schedule);
 measured on the first 256 KB of the validation and the test splits after training, one boundary sample (the
 paper's protocol). Choose settings on validation; read the test column. `run` keeps finished arms and resumes
 an interrupted one from its last checkpoint, so a study can be spread over sittings; it runs one training at a
-time. `--results FILE` keeps the finished arms' numbers in FILE instead of OUT/results.json (this project's
-English Wikipedia study keeps experiments/leaderboard/enwiki.json in the repository, so they outlive OUT).
+time. Every finished arm is a record (learntok.records: command, config, git SHA, versions, machine, metrics);
+`--results FILE` keeps them in FILE instead of OUT/records.jsonl (this project's English Wikipedia study keeps
+experiments/leaderboard/records.jsonl in the repository, so they outlive OUT).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
@@ -36,6 +36,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import arms  # noqa: E402  (experiments/arms.py)
+
+from learntok.evaluation.stats import paired_interval  # noqa: E402
 
 LEADERBOARD_ARMS = ["learned", "uniform", "uniform-random", "whitespace", "bpe", "entropy", "hnet", "dynamic",
                     "flat", "bpe-lm", "uniform-ee", "learned-w1"]
@@ -50,7 +52,7 @@ def cmd_run(args) -> None:
     steps = args.bytes / STEP_BYTES if args.bytes else args.seconds * 25e3 / STEP_BYTES  # ~25 kB/s on 2 cores
     eval_every = max(1, int(steps / args.eval_points)) if args.eval_points else 0
     try:
-        results = arms.run_arms(Path(args.out), Path(args.data), args.arms, args.seeds, rate=RATE,
+        results = arms.run_arms(Path(args.out), Path(args.data), args.arms, args.seeds, study="leaderboard", rate=RATE,
                                 budget_bytes=args.bytes, time_budget=args.seconds, reference=arms.spacebyte,
                                 eval_every=eval_every, results_path=_results_path(args))
     except ValueError as e:
@@ -128,13 +130,13 @@ def ranking(results: dict) -> str:
 
 
 def _results_path(args) -> Path:
-    return Path(args.results) if args.results else Path(args.out) / "results.json"
+    return Path(args.results) if args.results else Path(args.out) / "records.jsonl"
 
 
 def cmd_report(args) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    results = json.loads(_results_path(args).read_text())
+    results = arms.load_results(_results_path(args))
     text = (f"Data: {results['data']}; `--preset small` at target rate {RATE}; BPB on 256 KB of each split.\n\n"
             + arms.table(results, bases=("uniform",), against="learned") + "\nRanking by test BPB:\n\n"
             + ranking(results) + "\n")
@@ -155,31 +157,30 @@ The second contains the first, so it is the second look at one growing set: it i
 never saw (a secondary reading, added after the extension was declared and before its last seed finished)."""
 
 
-def headline_pairs(results: dict, transcribed: dict) -> dict[int, tuple[float, float]]:
-    """seed -> (test difference, validation difference), learned-w1-vb - uniform at 2.4e7 bytes: seeds 10-13
-    from the transcribed file, later ones from the results file."""
+def headline_pairs(results: dict) -> dict[int, tuple[float, float]]:
+    """seed -> (test difference, validation difference), learned-w1-vb - uniform at 2.4e7 bytes, from the records
+    (seeds 10-13 are transcribed records: test BPB of each arm and the validation difference only)."""
     arm, base, budget = HEADLINE
-    pairs = {r["seed"]: (r["test"][arm] - r["test"][base], r["val_difference"]) for r in transcribed["seeds"]}
     rows = {(r["arm"], r["seed"]): r for r in results["arms"]
-            if r["match"] == "flops" and r.get("budget_bytes") == budget}
+            if r.get("match") == "flops" and r.get("budget_bytes") == budget}
+    pairs = {}
     for (a, seed), r in rows.items():
         if a == arm and (base, seed) in rows:
             b = rows[base, seed]
-            pairs[seed] = (r["test"]["bpb"] - b["test"]["bpb"], r["val"]["bpb"] - b["val"]["bpb"])
+            val = r["val_difference"] if "val_difference" in r else r["val"]["bpb"] - b["val"]["bpb"]
+            pairs[seed] = (r["test"]["bpb"] - b["test"]["bpb"], val)
     return dict(sorted(pairs.items()))
 
 
-def interval(d: list[float], table: dict[int, float] = arms.T95) -> str:
-    m, half, se = arms.t_interval(d, table)
-    verdict = "tie" if m - half <= 0 <= m + half else ("learned better" if m < 0 else "uniform better")
-    return f"{m:+.4f} [{m - half:+.4f}, {m + half:+.4f}] {verdict}, t = {abs(m) / se:.2f}"
+def interval(d: list[float], level: float = 0.95) -> str:
+    p = paired_interval(d, level)
+    verdict = "tie" if p["tie"] else ("learned better" if p["mean"] < 0 else "uniform better")
+    return f"{p['mean']:+.4f} [{p['lo']:+.4f}, {p['hi']:+.4f}] {verdict}, t = {p['t']:.2f}"
 
 
 def cmd_headline(args) -> None:
     """The headline pair's paired differences per seed and over each declared seed set (complete sets only)."""
-    here = Path(__file__).resolve().parent
-    results = json.loads(_results_path(args).read_text())
-    pairs = headline_pairs(results, json.loads((here / "headline_seeds_10-13.json").read_text()))
+    pairs = headline_pairs(arms.load_results(_results_path(args)))
     print("seed | learned-w1-vb - uniform, test | validation")
     for seed, (t, v) in pairs.items():
         print(f"{seed} | {t:+.4f} | {v:+.4f}")
@@ -194,7 +195,7 @@ def cmd_headline(args) -> None:
               f"validation {interval([pairs[s][1] for s in seeds])}")
         if seeds is extended:
             new = [s for s in seeds if s not in first]
-            print(f"  the same at 97.5 % (two looks at this set): test {interval(test, arms.T975)}")
+            print(f"  the same at 97.5 % (two looks at this set): test {interval(test, 0.975)}")
             print(f"  its new seeds alone ({new[0]}-{new[-1]}, a replication): test "
                   f"{interval([pairs[s][0] for s in new])}; validation {interval([pairs[s][1] for s in new])}")
 
@@ -215,8 +216,8 @@ def main() -> None:
     hl = sub.add_parser("headline", help="the headline pair's paired differences over its declared seed sets")
     hl.add_argument("--out", default="runs/leaderboard")
     for p in (rn, rp, hl):
-        p.add_argument("--results", default="", help="the results file (default OUT/results.json): finished "
-                       "arms are kept there and skipped; a file under version control outlives the run directories")
+        p.add_argument("--results", default="", help="the records file (default OUT/records.jsonl): finished arms "
+                       "are kept there and skipped; a file under version control outlives the run directories")
     args = ap.parse_args()
     {"run": cmd_run, "report": cmd_report, "headline": cmd_headline}[args.cmd](args)
 

@@ -11,8 +11,8 @@ level, per token at the token level, at the target rate): arms whose strategy ha
 bytes. Evaluation: bits per byte on the first 256 KB of the validation and test splits (one boundary sample, the
 paper's protocol), minus the floor (the language's entropy rate plus the first word's entropy, per document,
 which the split's own floor in planted.json counts), and precision / recall / F1 of the boundaries
-against the planted ones (the last byte of every word). `run` keeps finished arms (results.json) and adds the
-missing ones; it writes results.md.
+against the planted ones (the last byte of every word). Every finished arm is a record (learntok.records) in
+OUT/records.jsonl or `--results FILE`; `run` skips the arms a file already holds, and writes OUT/results.md.
 
 `run` also screens arms on real text (a data directory without planted.json, e.g. enwiki): the floor is then 0
 and the reference boundaries are SpaceByte's word boundaries.
@@ -59,17 +59,16 @@ def cmd_run(args) -> None:
         reference = PlantedLanguage.load(data).boundaries
     else:
         reference = arms.spacebyte
-    results = arms.run_arms(out, data, args.arms, args.seeds, rate=1.0 / info["mean_word_bytes"],
-                            budget_bytes=args.bytes, reference=reference,
-                            skip=lambda name: name.startswith("whitespace") and not info["spec"]["separator"])
-    results["planted"] = info
-    (out / "results.json").write_text(json.dumps(results, indent=1))
+    results = arms.run_arms(out, data, args.arms, args.seeds, study=args.study, rate=1.0 / info["mean_word_bytes"],
+                            budget_bytes=args.bytes, reference=reference, results_path=args.results or None,
+                            skip=lambda name: name.startswith("whitespace") and not info["spec"]["separator"],
+                            extra={"planted": info})
     (out / "results.md").write_text(table(results) + "\n")
     print(table(results))
 
 
 def table(results: dict) -> str:
-    info = results["planted"]
+    info = results["arms"][0]["planted"]
     if info.get("real_text"):
         head, ref = "Real text (no floor; reference: SpaceByte's word boundaries).", "SpaceByte"
     else:
@@ -97,6 +96,9 @@ def main() -> None:
     rn.add_argument("--seeds", type=int, nargs="+", default=[0])
     rn.add_argument("--arms", nargs="+", default=PLANTED_ARMS, choices=list(arms.ARMS))
     rn.add_argument("--bytes", type=float, default=3e6, help="training bytes of the uniform arm (sets the FLOPs)")
+    rn.add_argument("--results", default="", help="the records file (default OUT/records.jsonl): finished arms are "
+                    "kept there and skipped; a file under version control outlives the run directories")
+    rn.add_argument("--study", default="planted", help="the records' study name (e.g. planted-sep, planted-nosep)")
     args = ap.parse_args()
     {"make": cmd_make, "run": cmd_run}[args.cmd](args)
 

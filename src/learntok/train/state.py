@@ -9,19 +9,17 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import platform
 import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as tdist
 
-from learntok import __version__
 from learntok.checkpoint import clean_stale, find_checkpoint, load_checkpoint, save_checkpoint
 from learntok.config import TrainConfig, to_dict
 from learntok.data import BatchIterator
+from learntok.records import provenance
 from learntok.train.parallel import Dist, full_state
 
 
@@ -108,18 +106,8 @@ def truncate_metrics(out: Path, step: int) -> int:
 
 
 def run_info() -> dict:
-    """Code version, library versions and hardware, recorded in config.json."""
-    try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                             cwd=Path(__file__).parent).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        sha = None
-    import numpy
-
-    return {"learntok": __version__, "git_sha": sha, "python": platform.python_version(), "torch": torch.__version__,
-            "numpy": numpy.__version__, "platform": platform.platform(), "cpu_count": os.cpu_count(),
-            "torch_threads": torch.get_num_threads(),
-            "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
+    """Code version (git SHA, dirty flag), library versions and hardware, recorded in config.json."""
+    return {**provenance(), "torch_threads": torch.get_num_threads()}
 
 
 def write_config(out: Path, cfg: TrainConfig, world: int) -> None:

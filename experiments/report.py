@@ -1,0 +1,215 @@
+"""Regenerate every result table in the docs from the committed experiment records (learntok.records).
+
+    python experiments/report.py            # rewrite the generated blocks of README.md and docs/results.md
+    python experiments/report.py --check    # exit 1, naming the blocks, if a rewrite would change anything
+    python experiments/report.py --plots    # also redraw docs/images/ figures drawn from records (needs matplotlib)
+
+A generated block is the text between `<!-- generated: NAME -->` and `<!-- end: NAME -->`; NAME is a key of
+BLOCKS below, whose function reads the records and returns the block's markdown. Text outside the blocks is prose
+and is not touched. tests/test_records.py runs the check, so a table typed by hand, or a record changed without
+regenerating the docs, fails the tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import re
+import statistics
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+from learntok import records  # noqa: E402
+from learntok.evaluation.stats import paired_interval  # noqa: E402
+
+DOCS = (ROOT / "README.md", ROOT / "docs" / "results.md")
+BLOCK = re.compile(r"(<!-- generated: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- end: (?P=name) -->)", re.S)
+
+
+def _script(study: str):
+    """experiments/STUDY/run.py as a module (the study scripts are not a package)."""
+    spec = importlib.util.spec_from_file_location(f"{study}_run", HERE / study / "run.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _leaderboard() -> list[dict]:
+    return records.load(HERE / "leaderboard" / "records.jsonl")
+
+
+def _ci(d: list[float], level: float = 0.95) -> str:
+    p = paired_interval(d, level)
+    return f"{p['mean']:+.4f} [{p['lo']:+.4f}, {p['hi']:+.4f}]"
+
+
+def _shift(r: dict) -> str:
+    """Where a learned arm's test boundaries agree best with SpaceByte's word starts (records with F1 only)."""
+    if "f1_by_shift" not in r.get("test", {}):
+        return "— (transcribed: no F1)"
+    k = r["test"]["best_shift"]
+    # shift k compares the model's boundary at t with the reference's at t + k: k > 0 means k bytes early
+    where = {0: "at them", 1: "one byte earlier", -1: "one byte later", 2: "two bytes earlier", -2: "two bytes later"}
+    return f"{where.get(k, f'shift {k:+d}')} (F1 {r['test']['f1_by_shift'][str(k)]:.2f})"
+
+
+def headline() -> str:
+    """The headline pair per seed and over each declared seed set."""
+    lb = _script("leaderboard")
+    results = {"arms": _leaderboard()}
+    pairs = lb.headline_pairs(results)
+    arm, base, budget = lb.HEADLINE
+    by = {(r["arm"], r["seed"]): r for r in results["arms"]
+          if r.get("match") == "flops" and r.get("budget_bytes") == budget}
+    lines = [f"| seed | `{arm}` test BPB | `{base}` test BPB | difference (test) | difference (val) | rate | "
+             "FLOPs vs uniform | learned's boundaries vs SpaceByte's word starts | record |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for seed, (t, v) in pairs.items():
+        a, b = by[arm, seed], by[base, seed]
+        rate = f"{a['test']['rate']:.3f}" if "rate" in a["test"] else "—"
+        flops = f"{a['flops'] / b['flops']:.3f}×" if "flops" in a and "flops" in b else "—"
+        lines.append(f"| {seed} | {a['test']['bpb']:.4f} | {b['test']['bpb']:.4f} | {t:+.4f} | {v:+.4f} | {rate} | "
+                     f"{flops} | {_shift(a)} | {a['source']} |")
+    lines.append("")
+    first, extended = lb.DECLARED.values()
+    for name, seeds in lb.DECLARED.items():
+        if not all(s in pairs for s in seeds):
+            lines.append(f"- {name} (seeds {seeds[0]}–{seeds[-1]}): incomplete, not reported")
+            continue
+        test, val = [pairs[s][0] for s in seeds], [pairs[s][1] for s in seeds]
+        p = paired_interval(test)
+        lines.append(f"- {name} (seeds {seeds[0]}–{seeds[-1]}, {len(seeds)} seeds): test **{_ci(test)}** "
+                     f"({'tie' if p['tie'] else 'learned better' if p['mean'] < 0 else 'uniform better'}, "
+                     f"t = {p['t']:.2f} at {len(seeds) - 1} degrees of freedom); validation {_ci(val)}")
+        if seeds is extended:
+            new = [s for s in seeds if s not in first]
+            lines.append(f"- the same set at 97.5 % (a 95 % error split over two looks): test {_ci(test, 0.975)}")
+            lines.append(f"- its new seeds alone ({new[0]}–{new[-1]}, a replication): test "
+                         f"{_ci([pairs[s][0] for s in new])}; validation {_ci([pairs[s][1] for s in new])}")
+    return "\n".join(lines) + "\n"
+
+
+def rate_control() -> str:
+    """The FLOPs-matched control of the headline pair, per seed."""
+    rows = {(r["arm"], r["seed"]): r for r in _leaderboard() if r.get("budget_bytes") == 2.4e7}
+    lines = ["| seed | control test BPB | control rate (test) | FLOPs vs uniform | control − uniform (test / val) | "
+             "control − `learned-w1-vb` (test / val) | boundaries |", "|---|---|---|---|---|---|---|"]
+    for (arm, seed), c in sorted(rows.items(), key=lambda kv: kv[0][1]):
+        if arm != "learned-w1-vb-rate188":
+            continue
+        u, w = rows["uniform", seed], rows["learned-w1-vb", seed]
+        lines.append(f"| {seed} | {c['test']['bpb']:.4f} | {c['test']['rate']:.3f} | {c['flops'] / u['flops']:.3f}× | "
+                     f"{c['test']['bpb'] - u['test']['bpb']:+.4f} / {c['val']['bpb'] - u['val']['bpb']:+.4f} | "
+                     f"{c['test']['bpb'] - w['test']['bpb']:+.4f} / {c['val']['bpb'] - w['val']['bpb']:+.4f} | "
+                     f"{_shift(c)} |")
+    return "\n".join(lines) + "\n"
+
+
+def _each(rs: list[dict], f, digits: int) -> str:
+    return " / ".join(f"{f(r):.{digits}f}" for r in rs)
+
+
+def matched_time() -> str:
+    """The 600-second arms: per seed, mean, and paired differences against uniform."""
+    rows = [r for r in _leaderboard() if r.get("match") == "time"]
+    names = sorted({r["arm"] for r in rows}, key=lambda a: statistics.mean(
+        r["test"]["bpb"] for r in rows if r["arm"] == a))
+    by = {(r["arm"], r["seed"]): r for r in rows}
+    seeds = sorted({r["seed"] for r in rows})
+    sl = " / ".join(str(s) for s in seeds)
+    lines = [f"| arm | test BPB seed {sl} | mean | val BPB (mean) | MB trained seed {sl} | kB/s seed {sl} | "
+             "F1 vs SpaceByte (test) | − uniform, test (95 % CI) |", "|---|---|---|---|---|---|---|---|"]
+    for a in names:
+        rs = [by[a, s] for s in seeds if (a, s) in by]
+        d = [by[a, s]["test"]["bpb"] - by["uniform", s]["test"]["bpb"] for s in seeds
+             if (a, s) in by and ("uniform", s) in by]
+        diff = "" if a == "uniform" else (_ci(d) + (" tie" if paired_interval(d)["tie"] else "")) if len(d) > 1 else ""
+        lines.append(f"| `{a}` | {_each(rs, lambda r: r['test']['bpb'], 4)} | "
+                     f"{statistics.mean(r['test']['bpb'] for r in rs):.4f} | "
+                     f"{statistics.mean(r['val']['bpb'] for r in rs):.4f} | "
+                     f"{_each(rs, lambda r: r['bytes'] / 1e6, 2)} | "
+                     f"{_each(rs, lambda r: r['bytes'] / r['train_seconds'] / 1e3, 1)} | "
+                     f"{_each(rs, lambda r: r['test']['f1'], 3)} | {diff} |")
+    return "\n".join(lines) + "\n"
+
+
+def planted(study: str) -> callable:
+    """The planted benchmark's table for one records study (planted-sep / planted-nosep)."""
+    def block() -> str:
+        rows = records.select(records.load(HERE / "planted" / "records.jsonl"), study=study)
+        if not rows:
+            return "(no records yet)\n"
+        return _script("planted").table({"arms": rows}) + "\n"
+    return block
+
+
+def gpu_path() -> str:
+    return _script("gpu_path").table() + "\n"
+
+
+def default_run() -> str:
+    return _script("default_run").table() + "\n"
+
+
+BLOCKS = {"default-run": default_run, "headline": headline, "rate-control": rate_control,
+          "matched-time": matched_time, "gpu-path": gpu_path, "planted-sep": planted("planted-sep"),
+          "planted-nosep": planted("planted-nosep")}
+"""Block name -> the function that renders it from records."""
+
+
+def render(text: str, cache: dict | None = None) -> str:
+    """`text` with every generated block's body replaced by its function's output."""
+    cache = {} if cache is None else cache
+
+    def fill(m: re.Match) -> str:
+        name = m["name"]
+        if name not in BLOCKS:
+            raise ValueError(f"unknown generated block {name!r} (known: {', '.join(BLOCKS)})")
+        if name not in cache:
+            cache[name] = BLOCKS[name]()
+        return m.group(1) + cache[name] + m.group(4)
+
+    return BLOCK.sub(fill, text)
+
+
+def stale(paths=DOCS) -> list[str]:
+    """'FILE: BLOCK' for every generated block whose text differs from what the records give."""
+    out, cache = [], {}
+    for path in paths:
+        text = path.read_text()
+        new = render(text, cache)
+        old_blocks = {m["name"]: m["body"] for m in BLOCK.finditer(text)}
+        out += [f"{path.relative_to(ROOT)}: {m['name']}" for m in BLOCK.finditer(new)
+                if old_blocks.get(m["name"]) != m["body"]]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--check", action="store_true", help="change nothing; exit 1 if a block is out of date")
+    ap.add_argument("--plots", action="store_true", help="also redraw the figures drawn from records")
+    args = ap.parse_args()
+    if args.check:
+        bad = stale()
+        if bad:
+            sys.exit("out of date (run python experiments/report.py): " + ", ".join(bad))
+        print("every generated block matches the records")
+        return
+    cache: dict = {}
+    for path in DOCS:
+        text = path.read_text()
+        new = render(text, cache)
+        if new != text:
+            path.write_text(new)
+            print(f"rewrote {path.relative_to(ROOT)}")
+    if args.plots:
+        lb = _script("leaderboard")
+        lb.plot({"arms": [r for r in _leaderboard() if r["source"] != "transcribed"]},
+                ROOT / "docs" / "images" / "leaderboard.png")
+        print("drew docs/images/leaderboard.png")
+
+
+if __name__ == "__main__":
+    main()
