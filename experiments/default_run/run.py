@@ -1,7 +1,9 @@
 """The README's first command as a recorded experiment: `learntok train` (the `tiny` preset on the built-in data),
-then `learntok eval RUN --tasks none` (held-out BPB, boundary statistics, sensitivity and placement).
+then `learntok eval RUN --tasks none` (held-out BPB, boundary statistics, sensitivity and placement) and
+`learntok diagnose variance RUN [--init]` (the policy gradient's variance and signal-to-noise ratio under each of
+the paper's reductions, trained and at initialisation).
 
-    python experiments/default_run/run.py run --seeds 0        # about 4 minutes per seed on 2 cores
+    python experiments/default_run/run.py run --seeds 0        # about 6 minutes per seed on 2 cores
     python experiments/default_run/run.py table
 
 Each seed is a record in experiments/default_run/records.jsonl (learntok.records); a seed already recorded is
@@ -29,7 +31,8 @@ def run(out: Path, seeds: list[int], path: Path = RECORDS) -> None:
             continue
         run_dir = out / f"seed{seed}"
         train = ["train", "--out", str(run_dir), "--overwrite", "--seed", str(seed), "--progress-style", "lines"]
-        for args in (train, ["eval", str(run_dir), "--tasks", "none"]):
+        variance = [["diagnose", "variance", str(run_dir), *init] for init in ([], ["--init"])]
+        for args in (train, ["eval", str(run_dir), "--tasks", "none"], *variance):
             print("learntok " + " ".join(args), flush=True)
             subprocess.run([sys.executable, "-m", "learntok", *args], check=True, stdout=subprocess.DEVNULL)
         rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
@@ -41,7 +44,10 @@ def run(out: Path, seeds: list[int], path: Path = RECORDS) -> None:
                            val={"bpb": val["val/bpb"], "rate": val["val/rate"]},
                            heldout={k: ev["heldout"][k] for k in ("bpb", "bpb_se", "bytes", "data")},
                            boundary_stats={k: ev["boundary_stats"][k] for k in ("rate", "bytes_per_token")},
-                           diagnostics=ev["diagnostics"], eval_command=f"learntok eval {run_dir} --tasks none")
+                           diagnostics=ev["diagnostics"], eval_command=f"learntok eval {run_dir} --tasks none",
+                           variance={k: json.loads((run_dir / d / "variance.json").read_text())
+                                     for k, d in (("trained", "diagnose"), ("init", "diagnose-init"))},
+                           variance_command=f"learntok diagnose variance {run_dir} [--init]")
         records.append(path, rec)
         print(f"  seed {seed}: val BPB {rec['val']['bpb']:.4f}, rate {rec['val']['rate']:.3f}", flush=True)
 
