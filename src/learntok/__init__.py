@@ -1,6 +1,6 @@
 """learntok: byte-level language models that learn their own tokenization end to end."""
 
-__version__ = "0.2.0"
+from learntok.version import __version__ as __version__
 
 
 def from_pretrained(path, device="cpu"):
