@@ -24,6 +24,8 @@ SOURCES = {
     "transcribed": "copied from a results page after the run directory was lost (numbers only)",
 }
 """What `record["source"]` may say, and what it means for auditing the record."""
+THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES")
+"""Environment variables that change how a run computes (thread pools, visible GPUs), recorded when set."""
 
 
 def git_state(where: Path | str | None = None) -> tuple[str | None, bool | None]:
@@ -53,7 +55,8 @@ def _cpu_name() -> str:
 
 
 def provenance() -> dict:
-    """The code, libraries and machine of this process: git SHA and dirty flag, versions, CPU, GPU, time (UTC)."""
+    """The code, libraries and machine of this process: git SHA and dirty flag, versions, CPU, GPU, thread and
+    device environment variables, time (UTC)."""
     import numpy
     import torch
 
@@ -64,6 +67,7 @@ def provenance() -> dict:
             "torch": torch.__version__, "numpy": numpy.__version__, "platform": platform.platform(),
             "cpu": _cpu_name(), "cpu_count": os.cpu_count(),
             "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+            "env": {k: os.environ[k] for k in THREAD_ENV if k in os.environ},
             "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
