@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -47,6 +48,18 @@ def test_bad_flags_are_one_line_before_the_data_is_read(tmp_path, monkeypatch, c
     assert not (tmp_path / "runs" / "tiny-2").exists()
     if argv[0] != "nosuchcommand":  # (an unknown command also prints the usage)
         assert err.count("\n") == 1
+
+
+def test_learntok_debug_shows_the_traceback(tmp_path):
+    """LEARNTOK_DEBUG=1 re-raises the error the one line would report: Python's traceback and exit status 1."""
+    argv = [sys.executable, "-m", "learntok", "generate", str(tmp_path), "--prompt", "a", "--max-new-bytes", "-5"]
+    env = {k: v for k, v in os.environ.items() if k != "LEARNTOK_DEBUG"}
+    plain = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
+    assert plain.returncode == 2 and plain.stderr.count("\n") == 1 and "Traceback" not in plain.stderr
+    assert plain.stderr.startswith("learntok: error:") and "--max-new-bytes" in plain.stderr
+    debug = subprocess.run(argv, capture_output=True, text=True, timeout=120, env={**env, "LEARNTOK_DEBUG": "1"})
+    assert debug.returncode == 1 and debug.stderr.startswith("Traceback (most recent call last):")
+    assert "learntok: error:" not in debug.stderr and "--max-new-bytes" in debug.stderr.strip().splitlines()[-1]
 
 
 def test_report_needs_a_run_directory(tmp_path, capsys):

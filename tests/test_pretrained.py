@@ -65,6 +65,47 @@ def test_segmenter_spans_tile_the_text(run):
     assert starts == [0] + [i for i in range(1, len(short)) if mask[0, i + 1]]
 
 
+def test_segment_and_show_draw_the_same_boundaries(run):
+    """`learntok segment` (Segmenter) and `learntok show` (compute_map) draw with the evaluation seed by default, so
+    one text splits the same way in both; a window's first byte always starts a segment."""
+    from learntok.cli.use import SegmentArgs
+    from learntok.cli.viz import ShowArgs
+    from learntok.draw import EVAL_SEED
+    from learntok.viz.boundary_map import compute_map
+
+    assert SegmentArgs.__dataclass_fields__["seed"].default == ShowArgs.__dataclass_fields__["seed"].default == \
+        EVAL_SEED
+    model = learntok.from_pretrained(run)
+    data = ("def tokenize(text):\n    return text.split()  # words\n" * 2).encode()
+    bmap = compute_map(model, data, window=15)
+    starts = [s.start for s in Segmenter(model, window=16).segment(data)]
+    assert starts == [i for i in range(len(data)) if i % 15 == 0 or bmap.mask[i]]
+    other = compute_map(model, data, window=15, seed=EVAL_SEED + 1)  # negative control: another seed, other draws
+    assert (other.mask != bmap.mask).any()
+
+
+def test_model_card_image_needs_only_matplotlib(run, tmp_path, monkeypatch):
+    """Without matplotlib the card has no image; any other ImportError (a bug in learntok.viz) is not hidden."""
+    import sys
+
+    import learntok.viz.mpl
+    from learntok.card import write_model_card
+
+    model = learntok.from_pretrained(run)
+    with monkeypatch.context() as m:
+        m.setitem(sys.modules, "matplotlib", None)  # not installed, as importlib.util.find_spec sees it
+        card = write_model_card(tmp_path, model, 64, run)
+    assert "boundary map" not in card.read_text() and not (tmp_path / "boundary_map.png").exists()
+    pytest.importorskip("matplotlib")
+
+    def broken(*a, **k):
+        raise ImportError("a bug in learntok.viz")
+
+    monkeypatch.setattr(learntok.viz.mpl, "save_map_png", broken)
+    with pytest.raises(ImportError, match="a bug in learntok.viz"):
+        write_model_card(tmp_path, model, 64, run)
+
+
 def test_vocab_stats_counts_whole_words():
     data = b"the cat sat"
     from learntok.segment import Span

@@ -1,4 +1,5 @@
-"""Errors that the command line reports as one line `learntok: error: ...` with exit status 2 (never a traceback).
+"""Errors that the command line reports as one line `learntok: error: ...` with exit status 2 (a traceback only
+with LEARNTOK_DEBUG=1, learntok.cli).
 
 They subclass `LearntokError`, which imports nothing, so `learntok.cli` can catch them without loading torch.
 ValueError, FileNotFoundError and other OSErrors are reported the same way; these name learntok's own failures.

@@ -5,8 +5,9 @@ tokenizer, + a model card README.md), loadable without training code, optimizer 
     learntok.save_pretrained(model, "out/copy", seq_len=512)
 
 `load(spec)` is what every command uses: a run directory (its newest intact checkpoint), a checkpoint directory
-run/step_N, an exported directory, or a Hugging Face Hub id (`user/name[@revision]`, downloaded into the Hub's
-cache, or read from it with HF_HUB_OFFLINE=1; learntok.hub). It reads the weights only. Loading is strict:
+run/step_N, an exported directory, or a Hugging Face Hub id (`user/name[@revision]`, `download`ed into the Hub's
+cache through huggingface_hub.snapshot_download, so its tokens and environment variables apply, or read from the
+cache only with HF_HUB_OFFLINE=1; learntok.hub pushes). It reads the weights only. Loading is strict:
 another format version, a missing or an unknown tensor, or an unknown config key is an error naming the problem,
 never a silent mismatch.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import shutil
 from dataclasses import dataclass
@@ -23,9 +25,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_model
 
-from learntok import __version__
 from learntok.boundaries import BoundaryConfig
+from learntok.card import write_model_card
 from learntok.config import CONFIG_VERSION, ModelConfig, boundary_from_dict, build, upgrade
+from learntok.errors import LearntokError
+from learntok.version import __version__
 
 FORMAT = "learntok-pretrained"
 FORMAT_VERSION = 1
@@ -34,7 +38,7 @@ FORMAT_VERSION = 1
 def save_pretrained(model, out_dir: str | Path, *, seq_len: int, source_dir: str | Path | None = None,
                     card: bool = True) -> Path:
     """Write config.json + model.safetensors (+ the strategy's files from `source_dir`, the run directory, and
-    with `card` a model card README.md from what the run recorded; learntok.hub.write_model_card)."""
+    with `card` a model card README.md from what the run recorded; learntok.card.write_model_card)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cfg = {"format": FORMAT, "format_version": FORMAT_VERSION, "config_version": CONFIG_VERSION,
@@ -51,8 +55,6 @@ def save_pretrained(model, out_dir: str | Path, *, seq_len: int, source_dir: str
             shutil.copy2(src, out / name)
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     if card:
-        from learntok.hub import write_model_card
-
         write_model_card(out, model, seq_len, run_dir=source_dir)
     return out
 
@@ -95,6 +97,34 @@ class Loaded:
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?$")
 
 
+def hub_package():
+    """The huggingface_hub package, or a LearntokError saying how to install it."""
+    try:
+        import huggingface_hub
+    except ImportError as e:
+        raise LearntokError("the Hugging Face Hub needs the huggingface_hub package: pip install 'learntok[hub]'"
+                            ) from e
+    return huggingface_hub
+
+
+def offline() -> bool:
+    """Whether HF_HUB_OFFLINE is set (the Hub's cache only, never the network)."""
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def download(repo_id: str, revision: str | None = None) -> Path:
+    """The local snapshot of Hub model `repo_id` (from the cache, or downloaded into it)."""
+    hub = hub_package()
+    try:
+        return Path(hub.snapshot_download(repo_id, revision=revision, local_files_only=offline(),
+                                          library_name="learntok", library_version=__version__))
+    except Exception as e:  # not cached offline, no such repository, no network, no access
+        why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        where = "is not in the local Hub cache (HF_HUB_OFFLINE is set)" if offline() else \
+            "could not be loaded from the Hugging Face Hub"
+        raise LearntokError(f"{repo_id}: no such local directory, and the model {where}: {why}") from e
+
+
 def is_pretrained_dir(path: Path) -> bool:
     """Whether `path` holds an exported model (a config.json of this format)."""
     try:
@@ -113,8 +143,6 @@ def resolve(spec: str | Path) -> tuple[Path, str | None]:
         return path, None
     text = str(spec)
     if HUB_ID.match(text) and not text.startswith("."):
-        from learntok.hub import download
-
         repo, _, revision = text.partition("@")
         return download(repo, revision or None), text
     raise FileNotFoundError(f"{spec}: no such directory (nor a Hugging Face Hub id user/name)")

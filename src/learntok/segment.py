@@ -7,8 +7,9 @@
 A boundary byte *starts* a segment (a_t = 1: the token-level model reads byte t's state, which summarises the
 text up to and including it); with BPE guidance's shifted rule this gives back the BPE tokens. Texts longer
 than the model's context are cut into consecutive windows of its training length, each starting with BOS
-(a window start is then always a boundary). Boundaries are sampled with a fixed seed by default (the paper's
-evaluation protocol); greedy=True takes p > 0.5. Only the forward pass is needed, no training code.
+(a window start is then always a boundary). Boundaries are drawn the evaluation way (learntok.draw, as `learntok
+show` draws them): one sample with the evaluation seed by default (the paper's protocol); greedy=True takes
+p > 0.5. Only the forward pass is needed, no training code.
 """
 
 from __future__ import annotations
@@ -17,9 +18,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
-from learntok.vocab import BOS
+from learntok.draw import EVAL_SEED, draw_text
 
 
 @dataclass(frozen=True)
@@ -33,7 +32,7 @@ class Span:
 
 
 class Segmenter:
-    def __init__(self, model, *, greedy: bool = False, seed: int = 0, window: int | None = None):
+    def __init__(self, model, *, greedy: bool = False, seed: int = EVAL_SEED, window: int | None = None):
         self.model = model.eval()
         self.greedy, self.seed = greedy, seed
         self.window = window or getattr(model, "seq_len", 512)
@@ -44,24 +43,11 @@ class Segmenter:
 
         return cls(from_pretrained(path), **kw)
 
-    @torch.no_grad()
     def boundaries(self, data: bytes) -> list[bool]:
         """One flag per byte of `data`: True where a segment starts."""
-        flags: list[bool] = []
-        step = self.window - 1  # BOS + window-1 bytes per forward pass
-        gen = torch.Generator().manual_seed(self.seed)  # noise drawn on the CPU: the same on any device
-        dev = next(self.model.parameters()).device
-        for start in range(0, len(data), step):
-            chunk = data[start:start + step]
-            ids = torch.tensor([[BOS, *chunk]])
-            noise = torch.full(ids.shape, 0.5) if self.greedy else torch.rand(ids.shape, generator=gen)
-            prescribed = None
-            if self.model.boundary.annotator is not None:
-                prescribed = torch.tensor([[True, *map(bool, self.model.boundary.annotator(chunk))]]).to(dev)
-            out = self.model(ids.to(dev), noise=noise.to(dev), prescribed=prescribed)
-            mask = out.boundaries.mask[0, 1:].tolist()  # flag of position i+1 = text byte i
-            mask[0] = True  # a window always starts a segment
-            flags += mask
+        flags = draw_text(self.model, data, self.window - 1, seed=self.seed, greedy=self.greedy)[1].tolist()
+        for start in range(0, len(flags), self.window - 1):
+            flags[start] = True  # a window always starts a segment
         return flags
 
     def segment(self, text: str | bytes) -> list[Span]:

@@ -2,7 +2,8 @@
 
 Every command's options are a frozen dataclass with attribute docstrings, parsed by tyro, so `--help` documents
 each flag the same way. Bad input never ends in a traceback: a parse error or a problem found later (a missing
-file, bad data, an inconsistent setting) is one line `learntok: error: ...` on stderr and exit status 2.
+file, bad data, an inconsistent setting) is one line `learntok: error: ...` on stderr and exit status 2; with the
+environment variable LEARNTOK_DEBUG=1 the original exception is raised instead, with its traceback.
 
     train.py     train, train-entropy-model, export
     use.py       generate, segment, vocab
@@ -109,8 +110,9 @@ def parse(cls: type[T], argv: Sequence[str], prog: str, description: str, defaul
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run `learntok argv...`; returns the exit status. Output to a reader that has gone (`learntok --help | head`)
-    ends quietly with status 0."""
+    """Run `learntok argv...`; returns the exit status. Bad input (ValueError, OSError, LearntokError) is one line
+    and status 2, or with LEARNTOK_DEBUG=1 set, the original exception with its traceback. Output to a reader that
+    has gone (`learntok --help | head`) ends quietly with status 0."""
     try:
         code = _main(sys.argv[1:] if argv is None else argv)
         sys.stdout.flush()  # here, not at interpreter exit, so that a closed pipe is caught below
@@ -125,7 +127,7 @@ def _main(argv: list[str]) -> int:
         print(USAGE)
         return 0
     if argv[0] == "--version":
-        from learntok import __version__
+        from learntok.version import __version__
 
         print(f"learntok {__version__}")
         return 0
@@ -141,10 +143,17 @@ def _main(argv: list[str]) -> int:
     except BrokenPipeError:
         raise
     except (ValueError, OSError, LearntokError) as e:  # UsageError, DataError, a missing file, a full disk, ...
+        if debug():
+            raise
         print(f"learntok: error: {str(e).strip() or type(e).__name__}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def debug() -> bool:
+    """Whether LEARNTOK_DEBUG is set to 1 (or true / yes / on): errors keep their traceback."""
+    return os.environ.get("LEARNTOK_DEBUG", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:

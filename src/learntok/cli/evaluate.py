@@ -10,6 +10,7 @@ from typing import Annotated, Literal
 import tyro
 
 from learntok.cli import UsageError, parse
+from learntok.draw import EVAL_SEED
 
 EVAL_DESCRIPTION = """Evaluate a trained learntok model the paper's way: downstream tasks (bits per byte of the gold
 continuation, accuracy), held-out bits per byte, boundary statistics and inference FLOPs per byte.
@@ -43,7 +44,7 @@ class EvalArgs:
     in probability space."""
     samples: int = 4
     """k for --boundaries-mode average."""
-    seed: int = 1234
+    seed: int = EVAL_SEED
     """Seed of the boundary noise."""
     batch_size: int = 16
     """Rows per forward pass."""
@@ -150,9 +151,10 @@ class EvalDataArgs:
 
 def cmd_eval_data(argv: list[str]) -> int:
     from learntok.evaluation import fetch
+    from learntok.evaluation.tasks import eval_cache_dir
 
     a = parse(EvalDataArgs, argv, "learntok eval-data", EvalDataArgs.__doc__ or "")
-    out = Path(a.dir) if a.dir else fetch.eval_cache_dir()
+    out = Path(a.dir) if a.dir else eval_cache_dir()
     if a.action == "verify":
         problems = fetch.verify(out)
         if problems:

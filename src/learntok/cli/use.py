@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 import tyro
 
 from learntok.cli import UsageError, parse
+from learntok.draw import EVAL_SEED
 
 
 def read_input(text: str | None, file: str | None, default: bytes | None = None) -> bytes:
@@ -97,8 +98,8 @@ class SegmentArgs:
     """A file to segment (its bytes as they are; - = standard input)."""
     greedy: bool = False
     """A boundary where p > 0.5, instead of sampling with --seed (the paper's evaluation)."""
-    seed: int = 0
-    """Seed of the boundary draws."""
+    seed: int = EVAL_SEED
+    """Seed of the boundary draws (default: the evaluation seed, as `learntok show` draws them)."""
     format: Literal["text", "jsonl"] = "text"
     """text: segments joined by --sep; jsonl: one {start, end, text} object per segment (byte offsets)."""
     sep: str = "|"

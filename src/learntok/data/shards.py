@@ -27,6 +27,7 @@ import numpy as np
 
 from learntok.data.corpus import Corpus
 from learntok.data.sources import DataError, split_documents
+from learntok.version import __version__
 
 FORMAT = "learntok-prepared"
 VERSION = 1
@@ -123,7 +124,7 @@ def prepare(cfg, out: str | Path, *, shard_bytes: int = 1 << 30, max_bytes: floa
         manifest = {"format": FORMAT, "version": VERSION, "source": cfg.source, "val_data": cfg.val_data,
                     "text_field": cfg.text_field, "val_fraction": cfg.val_fraction, "max_bytes": max_bytes,
                     "shard_bytes": shard_bytes, "min_doc_bytes": min_doc_bytes,
-                    "short_docs_left_out": {s: n for s, n in short.items() if n}, "learntok": _version(),
+                    "short_docs_left_out": {s: n for s, n in short.items() if n}, "learntok": __version__,
                     "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                     "splits": {s: w.finish() for s, w in writers.items()}}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
@@ -139,12 +140,6 @@ def prepare(cfg, out: str | Path, *, shard_bytes: int = 1 << 30, max_bytes: floa
     log(f"prepared {out}: " + ", ".join(f"{s} {w.docs:,} docs / {w.bytes / 1e6:,.1f} MB" for s, w in writers.items())
         + f" in {seconds:.1f} s ({total / 1e6 / max(seconds, 1e-9):.1f} MB/s)")
     return out
-
-
-def _version() -> str:
-    from learntok import __version__
-
-    return __version__
 
 
 @dataclass

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 
 from learntok.boundaries import BoundaryOutput
 from learntok.bpb import LN2, byte_targets
+from learntok.draw import EVAL_SEED
 from learntok.evaluation.stats import ratio_se
 from learntok.vocab import BOS, IGNORE, PAD
 
@@ -48,7 +49,7 @@ class BoundaryMode:
     """sample | greedy | average (see the module docstring)."""
     samples: int = 1
     """k, the number of boundary samples averaged in `average` mode."""
-    seed: int = 1234
+    seed: int = EVAL_SEED
     """Seed of the boundary noise."""
 
     def __post_init__(self) -> None:

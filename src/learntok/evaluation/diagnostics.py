@@ -20,54 +20,50 @@ import torch
 
 from learntok.boundaries.whitespace import spacebyte_boundaries
 from learntok.bpb import BitsPerByte
+from learntok.draw import EVAL_SEED, eval_forward, eval_generator
 from learntok.evaluation.stats import prf
 from learntok.vocab import IGNORE
 
 
 @torch.no_grad()
 def boundary_diagnostics(model, batches: list[tuple[torch.Tensor, torch.Tensor | None]], device: torch.device | str,
-                         seed: int = 1234) -> dict:
+                         seed: int = EVAL_SEED) -> dict:
     """BPB with own / rate-0 / random boundaries and SpaceByte agreement on `batches` of (ids with the next
     target appended (B,T+1), prescribed flags or None), as `learntok.data.val_batches_with_flags` gives."""
-    was_training = model.training
-    model.eval()
-    gens = {k: torch.Generator(device).manual_seed(seed) for k in ("own", "rate0", "random")}
+    gens = {k: eval_generator(device, seed) for k in ("own", "rate0", "random")}
     rnd = torch.Generator("cpu").manual_seed(seed + 1)
     bpb = {"own": BitsPerByte(), "rate0": BitsPerByte(), "random": BitsPerByte()}
     n_pos = n_bound = 0
     exact = [0, 0, 0]  # tp, fp, fn against SpaceByte's boundaries
     shifted = [0, 0, 0]  # the same against SpaceByte's boundaries moved one byte later (word starts)
     n_text = n_ref = n_mark = 0
-    try:
-        for batch, flags in batches:
-            batch = batch.to(device)
-            ids, targets = batch[:, :-1], batch[:, 1:]
-            prescribed = None if flags is None else flags[:, :-1].to(device)
-            out = model(ids, targets, generator=gens["own"], prescribed=prescribed)
-            mask = out.boundaries.mask
-            bpb["own"].add(out.nll, targets)
-            valid = targets != IGNORE
-            valid[:, 0] = False  # a_0 is forced
-            rate = float(mask[valid].float().mean()) if valid.any() else 0.0
-            rate0 = torch.zeros_like(mask)
-            bpb["rate0"].add(model(ids, targets, generator=gens["rate0"], prescribed=prescribed, boundaries=rate0).nll,
-                             targets)
-            random = (torch.rand(mask.shape, generator=rnd) < rate).to(mask.device)
-            bpb["random"].add(model(ids, targets, generator=gens["random"], prescribed=prescribed,
-                                    boundaries=random).nll, targets)
-            n_pos += int(valid.sum())
-            n_bound += int(mask[valid].sum())
-            ref = spacebyte_boundaries(ids)
-            text = valid & (ids < 256)
-            ref1 = torch.nn.functional.pad(ref[:, :-1], (1, 0), value=False) & (ids < 256)
-            for counts, r in ((exact, ref), (shifted, ref1)):
-                for i, c in enumerate(_confusion(mask, r, text)):
-                    counts[i] += c
-            n_text += int(text.sum())
-            n_ref += int((ref & text).sum())
-            n_mark += int((mask & text).sum())
-    finally:
-        model.train(was_training)
+    for batch, flags in batches:
+        batch = batch.to(device)
+        ids, targets = batch[:, :-1], batch[:, 1:]
+        prescribed = None if flags is None else flags[:, :-1].to(device)
+        out = eval_forward(model, ids, targets, generator=gens["own"], prescribed=prescribed)
+        mask = out.boundaries.mask
+        bpb["own"].add(out.nll, targets)
+        valid = targets != IGNORE
+        valid[:, 0] = False  # a_0 is forced
+        rate = float(mask[valid].float().mean()) if valid.any() else 0.0
+        rate0 = torch.zeros_like(mask)
+        bpb["rate0"].add(eval_forward(model, ids, targets, generator=gens["rate0"], prescribed=prescribed,
+                                      boundaries=rate0).nll, targets)
+        random = (torch.rand(mask.shape, generator=rnd) < rate).to(mask.device)
+        bpb["random"].add(eval_forward(model, ids, targets, generator=gens["random"], prescribed=prescribed,
+                                       boundaries=random).nll, targets)
+        n_pos += int(valid.sum())
+        n_bound += int(mask[valid].sum())
+        ref = spacebyte_boundaries(ids)
+        text = valid & (ids < 256)
+        ref1 = torch.nn.functional.pad(ref[:, :-1], (1, 0), value=False) & (ids < 256)
+        for counts, r in ((exact, ref), (shifted, ref1)):
+            for i, c in enumerate(_confusion(mask, r, text)):
+                counts[i] += c
+        n_text += int(text.sum())
+        n_ref += int((ref & text).sum())
+        n_mark += int((mask & text).sum())
     n_bytes = bpb["own"].bytes
     bpb = {k: v.bpb for k, v in bpb.items()}
     agree = prf(*exact)

@@ -10,7 +10,7 @@ classification" rows of the paper's evaluation (Appendix D), the same formatting
     arc_easy   allenai/ai2_arc ARC-Easy, test      {"query": "Question: Q\nAnswer:", "choices": texts, "gold"}
     lambada    EleutherAI/lambada_openai, test     {"context": text before the last space, "continuation": the rest}
 
-Files are written atomically into the cache directory (`eval_cache_dir`: $LEARNTOK_EVAL_DIR, else
+Files are written atomically into the cache directory (tasks.eval_cache_dir: $LEARNTOK_EVAL_DIR, else
 $XDG_CACHE_HOME/learntok/eval or ~/.cache/learntok/eval), which `learntok eval` then reads by default, and
 checksums.json records each file's SHA-256, row count and source; `learntok eval-data verify` re-checks them.
 REFERENCE_SHA256 holds the checksums of the conversion of the task data this project's results used; a
@@ -47,14 +47,6 @@ evaluation copies of the same datasets); converting those rows reproduces their 
 exactly, row for row."""
 
 CHECKSUMS = "checksums.json"
-
-
-def eval_cache_dir() -> Path:
-    """Where fetched task files live: $LEARNTOK_EVAL_DIR, else $XDG_CACHE_HOME/learntok/eval (~/.cache)."""
-    env = os.environ.get("LEARNTOK_EVAL_DIR")
-    if env:
-        return Path(env)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "learntok" / "eval"
 
 
 def _hellaswag_text(text: str) -> str:

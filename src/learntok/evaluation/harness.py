@@ -24,6 +24,7 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
+from learntok.draw import EVAL_SEED
 from learntok.evaluation.bpb import BoundaryMode, greedy_decode, score_pairs
 from learntok.vocab import BOS
 
@@ -40,7 +41,7 @@ class LearntokLM(LM):
 
     def __init__(self, pretrained: str | None = None, *, model=None, cfg=None, batch_size: int | str = 16,
                  max_batch_size: int | None = None, device: str | None = "cpu", boundaries_mode: str = "sample",
-                 samples: int = 4, seed: int = 1234, max_gen_toks: int = 256, **kwargs) -> None:
+                 samples: int = 4, seed: int = EVAL_SEED, max_gen_toks: int = 256, **kwargs) -> None:
         super().__init__()
         if kwargs:
             raise ValueError(f"learntok model: unknown argument(s) {', '.join(sorted(kwargs))}")

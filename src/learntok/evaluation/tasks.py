@@ -62,11 +62,17 @@ class Example:
     """file:line, for messages."""
 
 
+def eval_cache_dir() -> Path:
+    """Where fetched task files live: $LEARNTOK_EVAL_DIR, else $XDG_CACHE_HOME/learntok/eval (~/.cache)."""
+    env = os.environ.get("LEARNTOK_EVAL_DIR")
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "learntok" / "eval"
+
+
 def default_task_dir() -> Path | None:
     """$LEARNTOK_EVAL_DIR, else the cache `learntok eval-data fetch` fills (~/.cache/learntok/eval), else a
     shared/data/eval directory beside the repository or the working directory (the project's own copy)."""
-    from learntok.evaluation.fetch import eval_cache_dir
-
     env = os.environ.get("LEARNTOK_EVAL_DIR")
     if env:
         return Path(env)

@@ -1,8 +1,8 @@
 """Validation during training, and the hook through which the command line shows what the model does.
 
 `validate` scores the first `--val-bytes` of the validation split with the learntok.bpb accounting (byte targets
-only) for both heads, with the boundaries drawn the way evaluation draws them: the strategy in eval mode (the
-learned policy without its soft-cap), one sample from a fixed seed.
+only) for both heads, with the boundaries drawn the way evaluation draws them (learntok.draw): the strategy in
+eval mode (the learned policy without its soft-cap), one sample from a fixed seed.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from learntok.bpb import BitsPerByte
+from learntok.draw import EVAL_SEED, eval_forward, eval_generator
 
 Row = tuple[torch.Tensor, "torch.Tensor | None"]
 """One held-out sequence: ids (seq_len + 1,) BOS first, and its prescribed flags or None."""
@@ -33,25 +34,22 @@ EvalHook = Callable[[torch.nn.Module, Row, "int | None", bool], Preview]
 is the command line's."""
 
 
-@torch.no_grad()
 def validate(model, batches: list[tuple[torch.Tensor, torch.Tensor | None]], device: torch.device,
-             seed: int = 1234) -> dict[str, float]:
+             seed: int = EVAL_SEED) -> dict[str, float]:
     """val/bpb, val/early_bpb (both over byte targets only) and val/rate (boundaries per position) on
     `batches` of (ids with the next target appended (B,T+1), prescribed flags or None)."""
-    was_training = model.training
-    model.eval()
-    gen = torch.Generator(device).manual_seed(seed)
+    gen = eval_generator(device, seed)
     main, early = BitsPerByte(), BitsPerByte()
     n_bound = n_pos = 0
     for batch, flags in batches:
         batch = batch.to(device)
         ids, targets = batch[:, :-1], batch[:, 1:]
-        out = model(ids, targets, generator=gen, prescribed=None if flags is None else flags[:, :-1].to(device))
+        out = eval_forward(model, ids, targets, generator=gen,
+                           prescribed=None if flags is None else flags[:, :-1].to(device))
         main.add(out.nll, targets)
         early.add(out.nll_early, targets)
         n_bound += int(out.boundaries.mask.sum())
         n_pos += out.boundaries.mask.numel()
-    model.train(was_training)
     return {"val/bpb": main.bpb, "val/rate": n_bound / max(n_pos, 1), "val/early_bpb": early.bpb}
 
 

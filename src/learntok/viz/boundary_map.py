@@ -1,7 +1,8 @@
 """Boundary maps of a model: run it over a text (or a run's validation data) and record p_t and a_t per byte.
 
 Strategies with `annotate` (BPE guidance) get the prescribed flags the data pipeline would attach. Boundaries
-are sampled with a seeded generator as validation samples them, or greedily (u_t = 0.5, a_t = [p_t > 0.5]).
+are drawn the evaluation way (learntok.draw): one sample with a fixed seed, as validation draws them, or greedily
+(u_t = 0.5, a_t = [p_t > 0.5]).
 """
 
 from __future__ import annotations
@@ -11,38 +12,18 @@ import sys
 import numpy as np
 import torch
 
+from learntok.draw import EVAL_SEED, draw_text, eval_forward, eval_generator
 from learntok.viz.cells import BoundaryMap
-from learntok.vocab import BOS
 
 
-def _annotated(model, data: bytes) -> np.ndarray | None:
-    """Prescribed flags of the whole text for strategies that need them (e.g. BPE), else None."""
-    annotate = model.boundary.annotator
-    return None if annotate is None else np.asarray(annotate(data), dtype=bool)
-
-
-@torch.no_grad()
-def run_model(model, ids: torch.Tensor, flags: torch.Tensor | None = None, *, seed: int = 1234,
-              greedy: bool = False, generator: torch.Generator | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(probs, mask) of one input row ids (T,) (BOS first) in eval mode, as numpy arrays (T,).
-
-    Sampled boundaries use a generator seeded with `seed` (as validation does) unless one is given; greedy feeds
-    u_t = 0.5 so that a_t = [p_t > 0.5]. flags (T,): prescribed boundaries for strategies with `annotate`."""
-    was_training = model.training
-    model.eval()
+def run_model(model, ids: torch.Tensor, flags: torch.Tensor | None = None, *, seed: int = EVAL_SEED,
+              greedy: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """(probs, mask) of one input row ids (T,) (BOS first), drawn the evaluation way (learntok.draw), as numpy
+    arrays (T,). flags (T,): prescribed boundaries for strategies with `annotate`."""
     dev = next(model.parameters()).device
-    ids = ids.to(dev).unsqueeze(0)  # (1,T)
-    kw = {}
-    if greedy:
-        kw["noise"] = torch.full(ids.shape, 0.5, device=dev)  # (1,T)
-    else:
-        kw["generator"] = generator if generator is not None else torch.Generator(dev).manual_seed(seed)
-    if flags is not None:
-        kw["prescribed"] = flags.to(dev).bool().unsqueeze(0)  # (1,T)
-    try:
-        out = model(ids, **kw).boundaries
-    finally:
-        model.train(was_training)
+    prescribed = None if flags is None else flags.to(dev).bool().unsqueeze(0)  # (1,T)
+    out = eval_forward(model, ids.to(dev).unsqueeze(0), generator=eval_generator(dev, seed), greedy=greedy,
+                       prescribed=prescribed).boundaries
     return out.probs[0].float().cpu().numpy(), out.mask[0].cpu().numpy()
 
 
@@ -55,33 +36,17 @@ def describe_mode(model, seed: int, greedy: bool) -> str:
     return f"{strategy}: {how}; boundaries {draw}"
 
 
-def compute_map(model, data: bytes, *, window: int, seed: int = 1234, greedy: bool = False) -> BoundaryMap:
-    """The boundary map of `data` under `model` (eval mode).
-
-    Texts longer than `window` bytes (use seq_len - 1, the input length the model trained on) are cut into
-    consecutive windows, each fed as BOS + its bytes: context resets at every window start, as it does at a
-    training sequence start. One generator (seeded once) draws the boundaries of all windows in turn."""
-    if window < 1:
-        raise ValueError(f"window must be at least 1 byte, got {window}")
+def compute_map(model, data: bytes, *, window: int, seed: int = EVAL_SEED, greedy: bool = False) -> BoundaryMap:
+    """The boundary map of `data` under `model`, drawn as learntok.draw.draw_text draws it: texts longer than
+    `window` bytes (use seq_len - 1, the input length the model trained on) are cut into consecutive windows, each
+    fed as BOS + its bytes, one generator (seeded once) drawing them in turn."""
     if not data:
         raise ValueError("nothing to show: the text is empty")
-    flags_all = _annotated(model, data)
-    dev = next(model.parameters()).device
-    gen = torch.Generator(dev).manual_seed(seed)
-    probs, mask = [], []
-    for s in range(0, len(data), window):
-        chunk = data[s:s + window]
-        ids = torch.tensor([BOS, *chunk], dtype=torch.long)  # (T,) BOS first
-        flags = None
-        if flags_all is not None:
-            flags = torch.from_numpy(np.concatenate([[True], flags_all[s:s + window]]))  # (T,)
-        p, m = run_model(model, ids, flags, greedy=greedy, generator=gen)
-        probs.append(p[1:])  # drop BOS: byte i of the chunk is at position i + 1
-        mask.append(m[1:])
-    return BoundaryMap(list(data), np.concatenate(probs), np.concatenate(mask), describe_mode(model, seed, greedy))
+    probs, mask = draw_text(model, data, window, seed=seed, greedy=greedy)
+    return BoundaryMap(list(data), probs.numpy(), mask.numpy(), describe_mode(model, seed, greedy))
 
 
-def sequence_map(model, seq: torch.Tensor, flags: torch.Tensor | None = None, seed: int = 1234,
+def sequence_map(model, seq: torch.Tensor, flags: torch.Tensor | None = None, seed: int = EVAL_SEED,
                  n_bytes: int | None = None, label: str = "") -> BoundaryMap:
     """The map of one held-out row seq (seq_len + 1,) (BOS first, as in a validation batch; EOS separators kept
     and shown as ␄) with its prescribed flags or None, drawn as evaluate() draws: the model reads seq[:-1]."""
@@ -91,7 +56,7 @@ def sequence_map(model, seq: torch.Tensor, flags: torch.Tensor | None = None, se
     return BoundaryMap(ids[1:k + 1].tolist(), p[1:k + 1], m[1:k + 1], label or describe_mode(model, seed, False))
 
 
-def validation_maps(cfg, model, n: int = 3, n_bytes: int = 600, seed: int = 1234) -> list[BoundaryMap]:
+def validation_maps(cfg, model, n: int = 3, n_bytes: int = 600, seed: int = EVAL_SEED) -> list[BoundaryMap]:
     """Boundary maps of `n` validation sequences of a run (its data config), evenly spaced over the split, drawn
     as validation draws them (packed sequences, prescribed flags, fixed seed). Raises DataError / OSError if the
     data is not available."""
@@ -110,7 +75,7 @@ def validation_maps(cfg, model, n: int = 3, n_bytes: int = 600, seed: int = 1234
 
 
 def preview_sample(model, seq: torch.Tensor, flags: torch.Tensor | None = None, width: int = 100,
-                   seed: int = 1234, color: bool = True) -> str:
+                   seed: int = EVAL_SEED, color: bool = True) -> str:
     """One line (render.preview_map) of a held-out row under validation's boundary draw, for the training log."""
     from learntok.viz.render import preview_map
 

@@ -14,6 +14,7 @@ import json
 import time
 from pathlib import Path
 
+from learntok.draw import EVAL_SEED
 from learntok.viz.curves import FIGURES, PLOTTERS, RunMetrics, load_metrics
 from learntok.viz.mpl import figure_png
 from learntok.viz.render import html_legend, html_map, html_page
@@ -97,7 +98,7 @@ def _boundary_maps(run_dir: Path, n_samples: int, sample_bytes: int, seed: int) 
     return html_legend() + "\n" + "\n".join(html_map(m) for m in maps)
 
 
-def build_report(run_dir: str | Path, n_samples: int = 3, sample_bytes: int = 600, seed: int = 1234) -> str:
+def build_report(run_dir: str | Path, n_samples: int = 3, sample_bytes: int = 600, seed: int = EVAL_SEED) -> str:
     """The report page of a run directory as an HTML string."""
     run_dir = Path(run_dir)
     cfg_path = run_dir / "config.json"
