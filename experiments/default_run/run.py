@@ -8,7 +8,8 @@ the paper's reductions, trained and at initialisation).
 
 Each seed is a record in experiments/default_run/records.jsonl (learntok.records); a seed already recorded is
 skipped. The built-in data is the running interpreter's standard library, so records name the Python version:
-another Python trains on other text.
+another Python trains on other text. Speed is not reported here (bench/README.md measures it on an otherwise idle
+machine); the records keep the seconds.
 """
 
 from __future__ import annotations
@@ -57,7 +58,6 @@ def table(path: Path = RECORDS) -> str:
     recs = sorted(records.load(path), key=lambda r: r["seed"])
     rows = [
         ("training bytes", lambda r: f"{r['bytes'] / 1e6:.2f} MB"),
-        ("training s (kB/s)", lambda r: f"{r['train_seconds']:.0f} ({r['bytes'] / r['train_seconds'] / 1e3:.1f})"),
         ("validation BPB (first 256 KB, one boundary sample)", lambda r: f"{r['val']['bpb']:.4f}"),
         ("boundary rate (target 0.2)", lambda r: f"{r['val']['rate']:.3f}"),
         ("held-out BPB (`learntok eval`, whole split ± s.e.)",
@@ -69,7 +69,8 @@ def table(path: Path = RECORDS) -> str:
         ("SpaceByte F1 (chance); one byte later",
          lambda r: f"{r['diagnostics']['spacebyte_f1']:.3f} ({r['diagnostics']['spacebyte_f1_chance']:.3f}); "
                    f"{r['diagnostics']['wordstart_f1']:.3f}"),
-        ("machine", lambda r: f"{r['provenance'].get('cpu', '?')}, Python {r['provenance'].get('python', '?')}"),
+        ("machine", lambda r: f"{r['provenance'].get('cpu', '?')}, Python {r['provenance'].get('python', '?')}, "
+                              f"{r['provenance'].get('torch_threads', '?')} thread(s)"),
         ("code", lambda r: f"`{(r['provenance'].get('git_sha') or '?')[:9]}`"
                            + (" (uncommitted changes)" if r["provenance"].get("git_dirty") else "")),
     ]
