@@ -6,6 +6,8 @@ What the paper's settings give, per row (J = E_a[sum_t r_t], r_t = log p_t(a) - 
 - gamma = 1, no centring: exactly the gradient of J (reward-to-go drops only rewards a decision cannot reach);
 - batch-relative centring with the row's own return in the mean: exactly (1 - 1/B) times the uncentred
   expectation (a shrinkage, not a change of direction);
+- a learned value baseline V(X_t) (--value-baseline) subtracted before the centring: exactly the expectation
+  without it, with a different text in each row (one that sees a_t, or the rewards it predicts, changes it);
 - gamma < 1: the expectation of its own discounted estimator, which is not the gradient of J (a bias);
 - std normalisation: a direction that differs from the gradient of J, the less so the larger the batch.
 """
@@ -29,7 +31,13 @@ def _setup(**cfg):
     pol = LearnedBoundaries(LearnedConfig(**{**base, **cfg}), D).train()
     with torch.no_grad():
         pol.proj.weight.normal_(0, 1.0)
-    g = torch.Generator().manual_seed(1)
+    return pol, *_text(1)
+
+
+def _text(seed: int):
+    """One text: its encoder states x (1,T,D), its per-byte log-likelihoods as a function of the boundaries,
+    and its early-exit log-likelihoods (T,)."""
+    g = torch.Generator().manual_seed(seed)
     x = torch.randn(1, T, D, generator=g)
     v = torch.randn(T, generator=g)
     m = 2 * torch.tril(torch.randn(T, T, generator=g), diagonal=-1) + torch.eye(T)  # decisions reach later bytes
@@ -38,7 +46,7 @@ def _setup(**cfg):
     def logp(a: torch.Tensor) -> torch.Tensor:  # (B,T) causal per-byte log-likelihoods under boundaries a
         return torch.nn.functional.logsigmoid(v + a.float() @ m.T)
 
-    return pol, x, logp, early
+    return x, logp, early
 
 
 def _patterns() -> torch.Tensor:
@@ -192,3 +200,93 @@ def test_a_lagged_batch_mean_is_an_unbiased_baseline(B):
     assert float(earlier.g_sum.abs().sum()) > 0
     lagged = _flat(_expected_update(pol, x, logp, early, B, params, reduce=FixedStats(earlier)))
     torch.testing.assert_close(lagged, exact, rtol=1e-4, atol=1e-6)
+
+
+def _value_policies(gamma: float):
+    """The `_setup` policy without and with --value-baseline, sharing the policy weights; the value head's
+    weights are random, so V(X_t) varies with the text and the position."""
+    pol, *_ = _setup(gamma=gamma)
+    pol_v, *_ = _setup(gamma=gamma, value_baseline=True)
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        pol_v.proj.weight.copy_(pol.proj.weight)
+        for p in pol_v.value.parameters():
+            p.copy_(0.5 * torch.randn(p.shape, generator=g))
+    return pol, pol_v
+
+
+def _rows_update(pol, texts, patterns: torch.Tensor, params, tamper=None) -> list[torch.Tensor]:
+    """`_batch_update` for a batch whose row b is text b of `texts` with boundaries patterns[b]. `tamper(out,
+    logp)` may replace out.value first (the negative controls)."""
+    B = len(patterns)
+    x = torch.cat([t[0] for t in texts])  # (B,T,D)
+    out = pol.propose(x, torch.zeros(B, T, dtype=torch.long), noise=_forcing(patterns), generator=None)
+    assert torch.equal(out.mask, patterns)
+    logp = torch.cat([t[1](patterns[b:b + 1]) for b, t in enumerate(texts)])  # (B,T)
+    early = torch.stack([t[2] for t in texts])  # (B,T)
+    if tamper is not None:
+        out.value = tamper(out, logp - early)
+    terms = pol.losses(out, logp, early, torch.ones(B, T, dtype=torch.bool))
+    if out.value is not None:  # the value head's regression term reaches the value head only
+        assert all(g is None for g in torch.autograd.grad(terms["loss/value"], params, retain_graph=True,
+                                                          allow_unused=True))
+    return [-(T - 1) * g for g in torch.autograd.grad(terms["loss/policy"], params)]
+
+
+def _rows_expected(pol, texts, params, tamper=None) -> tuple[list[torch.Tensor], dict]:
+    """E over independent rows (row b drawn from the policy on text b) of `_rows_update`, and every batch's
+    update keyed by its patterns."""
+    pats = _patterns()
+    pis = [_log_pi(pol, t[0]).detach().exp() for t in texts]  # (8,) per text
+    total, each = [torch.zeros_like(p) for p in params], {}
+    for combo in itertools.product(range(len(pats)), repeat=len(texts)):
+        w = float(torch.prod(torch.stack([pi[i] for pi, i in zip(pis, combo)])))
+        each[combo] = _rows_update(pol, texts, pats[list(combo)], params, tamper)
+        for acc, g in zip(total, each[combo]):
+            acc += w * g
+    return total, each
+
+
+@pytest.mark.parametrize("B,gamma", [(2, 1.0), (3, 1.0), (2, 0.5)])
+def test_a_learned_value_baseline_leaves_the_expected_update_unchanged(B, gamma):
+    """--value-baseline through the real losses, with B different texts in the batch (on copies of one text
+    the batch-relative centring would cancel V(X_t) in every batch): G_t - V(X_t) replaces G_t before the
+    centring. V depends on the text and the position, not on a_t, so the expected policy update is exactly the
+    one without the baseline: at gamma = 1, (1 - 1/B) times the mean over the texts of grad J (the centring's
+    shrinkage), and at gamma < 1 the expectation of the discounted estimator (biased, but not by V). Each
+    batch's update does change. Only the policy weights' gradient is compared: the value loss's gradient
+    reaches the value head alone (asserted in `_rows_update`)."""
+    texts = [_text(1 + b) for b in range(B)]
+    pol, pol_v = _value_policies(gamma)
+    value = pol_v.propose(torch.cat([t[0] for t in texts]), torch.zeros(B, T, dtype=torch.long), noise=None,
+                          generator=torch.Generator().manual_seed(0)).value.detach()  # (B,T)
+    assert float((value.amax(0) - value.amin(0))[1:].min()) > 0.2  # it varies across rows at every position
+    without, each0 = _rows_expected(pol, texts, [pol.proj.weight])
+    with_v, each_v = _rows_expected(pol_v, texts, [pol_v.proj.weight])
+    without, with_v = _flat(without), _flat(with_v)
+    torch.testing.assert_close(with_v, without, rtol=1e-4, atol=1e-6)
+    if gamma == 1.0:
+        exact = sum(_flat(_exact_gradient(pol, *t, [pol.proj.weight])) for t in texts) / B
+        torch.testing.assert_close(with_v, (1 - 1 / B) * exact, rtol=1e-4, atol=1e-6)
+    moved = max(float((_flat(each_v[c]) - _flat(each0[c])).norm()) for c in each0)
+    assert moved > 0.5 * float(without.norm())  # the baseline is not a no-op batch by batch
+
+
+def test_a_baseline_that_sees_the_decision_or_the_future_changes_the_expectation():
+    """Negative controls for the test above, through the same enumeration: a "baseline" that depends on the
+    decision a_t (V + 2 a_t), or on the rewards it is meant to predict (V + G_t / 2, computed from this row's
+    own draws), moves the expected update away from (1 - 1/B) grad J."""
+    B = 2
+    texts = [_text(1 + b) for b in range(B)]
+    _, pol_v = _value_policies(1.0)
+    params = [pol_v.proj.weight]
+    target = (1 - 1 / B) * sum(_flat(_exact_gradient(pol_v, *t, params)) for t in texts) / B
+    honest = _flat(_rows_expected(pol_v, texts, params)[0])
+    torch.testing.assert_close(honest, target, rtol=1e-4, atol=1e-6)
+    controls = {
+        "decision": lambda out, r: out.value + 2.0 * out.mask.float(),
+        "future": lambda out, r: out.value + 0.5 * r.flip(1).cumsum(1).flip(1),  # half of G_t at gamma = 1
+    }
+    for name, tamper in controls.items():
+        biased = _flat(_rows_expected(pol_v, texts, params, tamper)[0])
+        assert (biased - target).norm() > 0.2 * target.norm(), name

@@ -21,9 +21,17 @@ group: the total variance of one batch's estimate (trace of its covariance), the
 reference direction: the batch-centred estimator with gamma = 1 averaged over `reference_factor` times as many
 draws (its expectation is exactly
 (1 - 1/B) times the gradient of E[sum_k r_k], and it is far less noisy than the uncentred ones). naive, relative
-and to-go are unbiased estimates of that gradient; centring scales it by (1 - 1/B); subtracting V(X_t), which
-does not depend on the decision, leaves the expectation as it is; gamma < 1 and normalisation change it
-(tests/test_estimator_exact.py shows each exactly on a small policy).
+and to-go are unbiased estimates of that gradient; centring scales it by (1 - 1/B); subtracting V(X_t), a function
+of the bytes up to t and not of the decision a_t, leaves the expectation of the estimator it is subtracted in
+as it is, so "value" has the expectation of "centred" (the run's gamma: biased when that is < 1, like
+"centred"), while each batch's estimate changes; gamma < 1 and normalisation change the expectation.
+tests/test_estimator_exact.py shows these exactly on a small policy through `LearnedBoundaries.losses`: the
+centring's (1 - 1/B) (test_centred_estimator_is_the_gradient_shrunk_by_one_minus_one_over_b), the value baseline
+(test_a_learned_value_baseline_leaves_the_expected_update_unchanged, on B different texts, with negative
+controls in test_a_baseline_that_sees_the_decision_or_the_future_changes_the_expectation), gamma < 1
+(test_discounting_is_the_expectation_of_its_own_estimator_not_the_gradient) and normalisation
+(test_normalisation_bends_the_direction_less_in_larger_batches); to-go minus a fixed baseline is exactly the
+gradient there (test_a_lagged_batch_mean_is_an_unbiased_baseline); naive and relative are not in `losses`.
 """
 
 from __future__ import annotations
