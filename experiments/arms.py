@@ -22,7 +22,7 @@ ARMS: dict[str, list[str]] = {
     # the learned policy: the small preset (D = 2, gamma 0.9, normalised advantages, detached encoder, w = 0,
     # mean pooling), and variants
     "learned": [],
-    "learned-norm": ["--policy-norm"],  # the small preset before issue 17's screen
+    "learned-norm": ["--policy-norm"],  # the small preset before the policy-norm re-screen
     "learned-D16": ["--logit-scale", "16"],
     "learned-D16-norm": ["--logit-scale", "16", "--policy-norm"],
     "learned-norm-noee": ["--policy-norm", "--early-loss-to-encoder", "never"],

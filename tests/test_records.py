@@ -80,7 +80,7 @@ def test_the_docs_tables_are_generated_from_the_committed_records():
 
 
 def test_every_committed_record_file_is_valid():
-    files = sorted(EXPERIMENTS.rglob("records.jsonl"))
+    files = sorted(EXPERIMENTS.rglob("records*.jsonl"))
     assert files
     for f in files:
         rows = records.load(f)

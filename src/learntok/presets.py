@@ -24,7 +24,7 @@ SMALL_SCALE_POLICY = LearnedConfig(gamma=0.9, normalize_advantage=True, detach_e
 shorter return horizon, advantages in units of their spread, no policy gradient into the encoder (dynamic's
 predictor is detached too), independent decisions, logits that move 8x faster than the paper's D = 16, and
 tokens that are the mean of their bytes (for every select-based strategy, baselines included). No RMSNorm on
-the policy's input (issue 17's screen: a tie with it, so the paper's form). gamma < 1, normalised advantages
+the policy's input (a re-screen found it a tie, so the paper's form). gamma < 1, normalised advantages
 and the detached encoder each bias the policy gradient (docs/method.md)."""
 
 SMALL_SCALE_MODEL = ModelConfig(d_model=128, n_heads=2, n_down=1, n_mid=3, n_up=1, byte_window=8)
