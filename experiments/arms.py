@@ -8,7 +8,6 @@ at its expected rate; the realised FLOPs are recorded, since a strategy's rate c
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 import subprocess
@@ -17,6 +16,7 @@ import time
 from pathlib import Path
 
 from learntok import records
+from learntok.viz.curves import load_metrics
 
 ARMS: dict[str, list[str]] = {
     # the learned policy: the small preset (D = 2, gamma 0.9, normalised advantages, detached encoder, w = 0,
@@ -87,8 +87,7 @@ def train_arm(run: Path, data: Path, name: str, *, rate: float, seed: int, max_b
     t0 = time.time()
     with open(run.parent / f"{run.name}.log", "a") as log:  # not with_suffix: "2.4e+07" has a dot
         subprocess.run([sys.executable, "-m", "learntok", *args], check=True, stdout=log, stderr=subprocess.STDOUT)
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    evals = [r for r in rows if "val/bpb" in r]
+    evals = load_metrics(run).evals
     final = evals[-1]
     config, prov = records.run_provenance(run)
     return {"bytes": final["bytes"], "flops": final["flops"], "train_seconds": final["time"],

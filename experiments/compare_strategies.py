@@ -17,14 +17,14 @@ import sys
 import time
 from pathlib import Path
 
+from learntok.viz.curves import load_metrics
+
 STRATEGIES = ["learned", "uniform", "uniform-random", "whitespace", "bpe", "dynamic", "hnet", "entropy"]
 
 
 def last_rows(run: Path) -> tuple[dict, dict]:
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    train_rows = [r for r in rows if "loss/auto" in r]
-    evals = [r for r in rows if "val/bpb" in r]
-    return train_rows, evals[-1]
+    metrics = load_metrics(run)
+    return [r for r in metrics.train if "loss/auto" in r], metrics.evals[-1]
 
 
 def main() -> None:

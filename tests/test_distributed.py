@@ -125,6 +125,25 @@ def test_local_statistics_would_differ(tmp_path, cfg, monkeypatch):
     assert max(float((a[k] - b[k]).abs().max()) for k in a) > 1e-4
 
 
+def test_reducers_return_the_strategys_own_statistics():
+    """The loop reduces any strategy's `BatchSums` through `stacked()` / `unstacked()` alone: the global sums of
+    two micro-batches come back as the learned policy's own statistics, also from a checkpoint's vector."""
+    from learntok.boundaries.reinforce import BatchStatistics
+    from learntok.train.parallel import AllReduceStats, Dist, FixedStats, GlobalStats, global_sum
+
+    s = BatchStatistics(g_sum=torch.tensor([1.0, 2.0]), g_cnt=torch.tensor([1.0, 1.0]),
+                        g2_sum=torch.tensor([1.0, 4.0]), p_sum=torch.tensor(0.5), n=torch.tensor(2.0))
+    assert torch.equal(s.unstacked(s.stacked()).stacked(), s.stacked())
+    assert torch.equal(AllReduceStats(Dist())(s).stacked(), s.stacked())
+    twice = FixedStats(global_sum([s, s], Dist()))(s)
+    assert isinstance(twice, BatchStatistics) and torch.equal(twice.stacked(), 2 * s.stacked())
+    stats = GlobalStats(Dist(), accum=2, mode="lagged")
+    stats.observe([s, s])
+    resumed = GlobalStats(Dist(), accum=2, mode="lagged")
+    resumed.load_state_dict(stats.state_dict(), torch.device("cpu"))
+    assert torch.equal(resumed.reducer(lambda: [])(s).p_sum, torch.tensor(1.0))
+
+
 def test_two_process_resume_continues_like_uninterrupted(tmp_path, cfg):
     full = replace(cfg, out=str(tmp_path / "full"), max_steps=4)
     _run(full, world=2)

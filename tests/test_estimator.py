@@ -242,6 +242,51 @@ def test_leave_one_out_advantage_subtracts_the_other_samples_mean():
         leave_one_out_advantage(g, keep, 4)
 
 
+def test_the_k_samples_row_layout_is_one_contract_of_the_loop_and_the_baseline(tmp_path, text_corpus, monkeypatch):
+    """--policy-samples K: the training loop lays out its rows with `repeat_samples` and the leave-one-out
+    baseline groups them with `sample_groups`. Either side changing the layout without the other fails here:
+    the loop's rows, grouped, must be K copies of one text, and K equal returns of one text leave no advantage."""
+    from learntok.boundaries import boundary_config
+    from learntok.boundaries.base import repeat_samples, sample_groups
+    from learntok.boundaries.reinforce import leave_one_out_advantage
+    from learntok.model.lm import ByteLM
+    from learntok.train import train
+
+    from .conftest import tiny_train_config
+
+    k = 2
+    texts = torch.arange(10.0).view(2, 5)
+    rows = repeat_samples(texts, k)  # (4, 5)
+    assert torch.equal(sample_groups(rows, k), texts[:, None].expand(2, k, 5))
+    assert not leave_one_out_advantage(rows, torch.ones(4, 5, dtype=torch.bool), k).any()
+    seen, real = [], ByteLM.forward
+
+    def spy(self, ids, *a, **kw):
+        if self.training and torch.is_grad_enabled():
+            seen.append(ids.clone())
+        return real(self, ids, *a, **kw)
+
+    monkeypatch.setattr(ByteLM, "forward", spy)
+    train(tiny_train_config(tmp_path / "run", text_corpus, max_steps=1, batch_size=4,
+                            boundary=boundary_config("learned", policy_samples=k)), log=lambda *_: None)
+    (ids,) = seen
+    groups = sample_groups(ids, k)  # (2, K, T)
+    assert torch.equal(groups, groups[:, :1].expand_as(groups)) and not torch.equal(groups[0, 0], groups[1, 0])
+
+
+def test_k_samples_train_and_evaluate_on_batches_of_any_size(tmp_path, text_corpus):
+    """Validation rows are distinct texts in batches of any size (here the last holds 2 rows with K = 3): the
+    leave-one-out grouping applies to training rows only. It used to fail at the final evaluation."""
+    from learntok.boundaries import boundary_config
+    from learntok.train import train
+
+    from .conftest import tiny_train_config
+
+    res = train(tiny_train_config(tmp_path / "run", text_corpus, max_steps=2, batch_size=6,
+                                  boundary=boundary_config("learned", policy_samples=3)), log=lambda *_: None)
+    assert res.val_bpb > 0
+
+
 @pytest.mark.parametrize("w", [0, 3])
 def test_the_sampler_on_an_accelerator_makes_no_host_tensor(w):
     """On a device other than the CPU (here "meta", which runs the same code path as CUDA: the state scan) the

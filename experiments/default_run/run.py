@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 from learntok import records
+from learntok.viz.curves import load_metrics
 
 RECORDS = Path(__file__).with_name("records.jsonl")
 
@@ -36,8 +37,7 @@ def run(out: Path, seeds: list[int], path: Path = RECORDS) -> None:
         for args in (train, ["eval", str(run_dir), "--tasks", "none"], *variance):
             print("learntok " + " ".join(args), flush=True)
             subprocess.run([sys.executable, "-m", "learntok", *args], check=True, stdout=subprocess.DEVNULL)
-        rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
-        val = [r for r in rows if "val/bpb" in r][-1]
+        val = load_metrics(run_dir).evals[-1]
         ev = json.loads((run_dir / "eval.json").read_text())
         config, prov = records.run_provenance(run_dir)
         rec = records.make("default_run", "tiny", seed, command="learntok " + " ".join(train[:-2]), prov=prov,

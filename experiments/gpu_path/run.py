@@ -19,13 +19,13 @@ differences with 95 % t-intervals.
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 from pathlib import Path
 
 from learntok import records
 from learntok.evaluation.stats import paired_interval
+from learntok.viz.curves import load_metrics
 
 RECORDS = Path(__file__).with_name("records.jsonl")
 QUESTIONS = {
@@ -53,9 +53,8 @@ def run(out: Path, seeds: list[int], arms: list[str]) -> None:
                    "--seed", str(seed), *ARMS[arm]]
             print(" ".join(cmd[1:]), flush=True)
             subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-            rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-            val = [r for r in rows if "val/bpb" in r][-1]
-            train = [r for r in rows if "loss/auto" in r][-1]
+            metrics = load_metrics(run_dir)
+            val, train = metrics.evals[-1], [r for r in metrics.train if "loss/auto" in r][-1]
             config, prov = records.run_provenance(run_dir)
             record = records.make("gpu_path", arm, seed, command=["learntok", *cmd[3:]], prov=prov, flags=ARMS[arm],
                                   config=config, val_bpb=val["val/bpb"], val_rate=val["val/rate"],

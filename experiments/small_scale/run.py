@@ -33,6 +33,7 @@ from learntok.data import ByteSequences, val_batches_with_flags
 from learntok.evaluation.bpb import BoundaryMode, evaluating, heldout_bpb
 from learntok.evaluation.diagnostics import boundary_diagnostics
 from learntok.evaluation.report import DIAGNOSTIC_BYTES, heldout_documents
+from learntok.viz.curves import load_metrics
 
 
 def val_sequences(cfg, model) -> ByteSequences:
@@ -55,12 +56,12 @@ def train_arm(run: Path, data: str, budget: float, flags: list[str], *, preset: 
     t0 = time.time()
     with open(run.parent / f"{run.name}.log", "w") as log:
         subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT)
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    final = [r for r in rows if "val/bpb" in r][-1]
+    evals = load_metrics(run).evals
+    final = evals[-1]
     return {"val_bpb": final["val/bpb"], "val_rate": final["val/rate"], "early_exit_bpb": final.get("val/early_bpb"),
             "bytes": final["bytes"], "train_seconds": final["time"], "bytes_per_s": final["bytes"] / final["time"],
             "wall_seconds": time.time() - t0,
-            "curve": [(r["bytes"], r["val/bpb"]) for r in rows if "val/bpb" in r]}
+            "curve": [(r["bytes"], r["val/bpb"]) for r in evals]}
 
 
 def diagnose(run: Path) -> dict:

@@ -13,6 +13,7 @@ from pathlib import Path
 from learntok.version import __version__
 from learntok.viz.boundary_map import compute_map
 from learntok.viz.cells import BoundaryMap
+from learntok.viz.curves import load_metrics
 
 CARD_SAMPLE = ("The quick brown fox jumps over the lazy dog. Tokenizers split text into pieces;\n"
                "def tokenize(text: str) -> list[str]:\n    return text.split()\n")
@@ -21,17 +22,11 @@ CARD_SAMPLE = ("The quick brown fox jumps over the lazy dog. Tokenizers split te
 
 def _last_eval(run_dir: Path) -> dict:
     """The last evaluation line of a run's metrics.jsonl ({} without one)."""
-    last: dict = {}
-    path = run_dir / "metrics.jsonl"
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue
-            if "val/bpb" in row:
-                last = row
-    return last
+    try:
+        evals = load_metrics(run_dir).evals
+    except (FileNotFoundError, ValueError):
+        return {}
+    return evals[-1] if evals else {}
 
 
 def _run_facts(run_dir: Path | None) -> dict:

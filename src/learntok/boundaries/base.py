@@ -8,6 +8,9 @@ may override with its own pooling), then `losses` with the per-byte log-likeliho
 Each strategy's options are a frozen dataclass that subclasses `BoundaryConfig` in the strategy's own module
 and sets the default of `boundaries` to the strategy's registered name; `--boundaries NAME` selects it, so
 `learntok train --boundaries uniform --gamma 0.9` is an error (gamma is an option of `learned`).
+
+Two contracts with the training loop live here too: `StatsReducer` (how a score-function strategy's batch
+statistics become the global batch's) and the K-samples row layout (`repeat_samples` / `sample_groups`).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, Protocol, Self, TypeVar
 
 import numpy as np
 import torch
@@ -24,10 +27,51 @@ import torch.nn as nn
 from learntok.boundaries.pooling import RunningMean, Tokens, distribute_add, mean_pool, select
 
 BATCH_STATS = "batch_stats"
-"""Key under which `losses` may return this micro-batch's local `BatchStatistics` sums (not a loss, not logged):
-the model hands them out as `ModelOutput.batch_stats`, for the training loop to reduce over the global batch."""
+"""Key under which `losses` may return this micro-batch's local `BatchSums` (not a loss, not logged): the model
+hands them out as `ModelOutput.batch_stats`, for the training loop to reduce over the global batch."""
 
 LearnsBy = Literal["score_function", "straight_through", "prescribed", "random"]
+
+
+class BatchSums(Protocol):
+    """A score-function strategy's sums over a micro-batch of what its estimator averages over the batch (e.g.
+    the per-position return for the baseline of eq. 17). The global batch's sums are the elementwise sums of the
+    `stacked()` vectors of all micro-batches on all ranks; only the strategy knows the layout."""
+
+    def stacked(self) -> torch.Tensor:
+        """The sums as one 1-D tensor."""
+        ...
+
+    def unstacked(self, v: torch.Tensor) -> Self:
+        """Sums of the same kind and shape holding the values `v`, a `stacked()` vector (e.g. the global one)."""
+        ...
+
+
+SumsT = TypeVar("SumsT", bound=BatchSums)
+"""A strategy's own `BatchSums` type: a reducer returns the type it was given."""
+
+
+class StatsReducer(Protocol):
+    """What `BoundaryStrategy.losses` receives as `reduce`: maps this micro-batch's local sums to the global
+    batch's (all ranks and accumulation micro-steps), of the same type. The training loop supplies it
+    (learntok.train.parallel: all-reduced in the forward pass, from a pre-pass, or the previous step's). It is a
+    pure function: it may run inside a compiled graph, so it must not mutate Python state."""
+
+    def __call__(self, local: SumsT) -> SumsT: ...
+
+
+def repeat_samples(x: torch.Tensor, k: int) -> torch.Tensor:
+    """The K-samples row layout (`samples_per_sequence`): each of x's rows K times, in consecutive rows, so rows
+    b*K .. b*K+K-1 are the K samples of sequence b. The training loop lays out its batch with it."""
+    return x.repeat_interleave(k, 0) if k > 1 else x
+
+
+def sample_groups(x: torch.Tensor, k: int) -> torch.Tensor:
+    """(B, ...) rows laid out by `repeat_samples` -> (B/K, K, ...): the K samples of each sequence, as a view.
+    A strategy that compares the samples of one text (learned's leave-one-out baseline) groups rows with it."""
+    if x.shape[0] % k:
+        raise ValueError(f"{x.shape[0]} rows do not split into groups of {k} samples per sequence")
+    return x.view(x.shape[0] // k, k, *x.shape[1:])
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -168,8 +212,8 @@ class BoundaryStrategy(nn.Module):
 
     @property
     def samples_per_sequence(self) -> int:
-        """Rows each training sequence occupies in the batch (K boundary samples of the same text; the training
-        loop repeats every sequence this many times, consecutively). Default 1."""
+        """Rows each training sequence occupies in the batch (K boundary samples of the same text, laid out by
+        `repeat_samples`; `sample_groups` groups them back). Default 1."""
         return 1
 
     def __init__(self, cfg: BoundaryConfig, dim: int):
@@ -227,14 +271,14 @@ class BoundaryStrategy(nn.Module):
         return distribute_add(y_tok, x, tokens)
 
     def losses(self, out: BoundaryOutput, logp: torch.Tensor | None, logp_early: torch.Tensor | None,
-               valid: torch.Tensor, reduce=None) -> dict[str, torch.Tensor]:
+               valid: torch.Tensor, reduce: StatsReducer | None = None) -> dict[str, torch.Tensor]:
         """Auxiliary loss terms (keys `loss/...`, already weighted, summed into the total) and statistics.
 
         logp, logp_early: (B,T) log-likelihood of each position's target under the main and early-exit
-        heads (detached). valid: (B,T) bool, False at padding. reduce: maps this micro-batch's
-        `BatchStatistics` sums to the global batch's (learntok.train.parallel); None = this batch is global.
-        A strategy that uses `reduce` also returns the local sums it gave it under the key BATCH_STATS. `reduce`
-        is a pure function: code here may run inside a compiled graph, so it must not mutate Python state."""
+        heads (detached). valid: (B,T) bool, False at padding. reduce: maps this micro-batch's `BatchSums` to
+        the global batch's (`StatsReducer`); None = this batch is global. A strategy that uses `reduce` also
+        returns the local sums it gave it under the key BATCH_STATS. Code here may run inside a compiled graph,
+        so it must not mutate Python state."""
         return {}
 
     def matrix_params(self) -> int:

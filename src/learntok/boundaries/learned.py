@@ -67,7 +67,8 @@ class LearnedConfig(SampledConfig):
     value_baseline: bool = False
     """Subtract a learned baseline V(X_t) ~ E[G_t | bytes <= t] (a linear head on the detached encoder state,
     trained by squared error) from the returns before the batch-relative centring. It does not depend on a_t,
-    so it adds no bias; it removes the content-driven part of the returns' variance (not in the paper)."""
+    so it adds no bias; it is meant to remove the content-driven part of the returns' spread, but with batch
+    centring a measurement found no variance reduction (not in the paper)."""
     policy_samples: int = 1
     """K boundary samples per training sequence (not in the paper; 1 = the paper). Each sequence fills K
     consecutive rows of the batch (--batch-size counts rows, so K times fewer distinct sequences per update),
@@ -179,7 +180,10 @@ class LearnedBoundaries(BoundaryStrategy):
             # then slowed the language model (screening run Lc: grad norm 1.7 vs 0.6, val BPB +0.16).
             extra["loss/value"] = cfg.lambda_policy * ((out.value - g) ** 2 * vf).sum() / vf.sum().clamp(min=1)
             g = g - out.value.detach()  # a state-only baseline: unbiased
-        if cfg.policy_samples > 1:  # rows b*K .. b*K+K-1 are K samples of one text: leave-one-out baseline
+        # Training rows are in the `repeat_samples` layout (leave-one-out over each text's K samples); evaluation
+        # rows are distinct texts, in batches of any size, so they get the batch-relative advantage.
+        loo = cfg.policy_samples > 1 and self.training
+        if loo:
             g = leave_one_out_advantage(g, keep, cfg.policy_samples)  # (B,T), centred per text
         # Batch statistics of the *global* batch (all ranks and micro-steps) when a reducer is given.
         # Over the decisions the loss trains (keep): a forced column's return, whose advantage is never used,
@@ -188,7 +192,7 @@ class LearnedBoundaries(BoundaryStrategy):
                                 p_sum=(out.probs.detach() * kf).sum(), n=kf.sum())
         stats = reduce(local) if reduce is not None else local
         mean_g = stats.g_sum / stats.g_cnt.clamp(min=1)  # (T,)
-        if cfg.policy_samples > 1:
+        if loo:
             adv = g * vf  # already centred; the batch mean above serves only the normaliser's spread
         else:
             adv = batch_relative_advantage(g, valid, mean=mean_g)  # (B,T)

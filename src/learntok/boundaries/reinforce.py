@@ -7,17 +7,20 @@ Pure functions on tensors, each with a plain reference beside it for the tests:
   wide windows; both exact, see their docstrings).
 - `discounted_returns`: G_t = sum_{j>=0} gamma^j r_{t+j}, a reverse discounted cumsum done with two small
   triangular matmuls (no gamma^-t factors, which overflow at T = 4096).
-- `batch_relative_advantage`: A_{t,b} = G_{t,b} - mean_b G_{t,b} over valid rows.
+- `batch_relative_advantage`: A_{t,b} = G_{t,b} - mean_b G_{t,b} over valid rows; `leave_one_out_advantage`
+  over the K samples of one text instead (--policy-samples).
+- `BatchStatistics`: the sums the estimator averages over the global batch (a `BatchSums`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import is_fake
 
+from learntok.boundaries.base import sample_groups
 from learntok.nn.attention import softcap
 
 
@@ -184,22 +187,19 @@ def batch_relative_advantage(g: torch.Tensor, valid: torch.Tensor, mean: torch.T
 
 
 def leave_one_out_advantage(g: torch.Tensor, keep: torch.Tensor, k: int) -> torch.Tensor:
-    """Returns of K samples per text (rows b*K .. b*K+K-1 share a text) minus, per row and position, the mean
+    """Returns of K samples per text (rows in the `repeat_samples` layout) minus, per row and position, the mean
     return of the other K - 1 samples of its text: G - (sum_group - G) / (K - 1). The others' boundaries are
     drawn independently of this row's, so the baseline adds no bias (RLOO). Positions outside `keep` count
     neither as a baseline nor get an advantage. g, keep (B,T) with B a multiple of K -> (B,T)."""
-    B, T = g.shape
-    if B % k:
-        raise ValueError(f"{B} rows do not split into groups of {k} samples per sequence")
     kf = keep.to(g.dtype)
-    gk, kk = (g * kf).view(B // k, k, T), kf.view(B // k, k, T)
+    gk, kk = sample_groups(g * kf, k), sample_groups(kf, k)  # (B/K,K,T): the rows of one text together
     others = (gk.sum(1, keepdim=True) - gk) / (kk.sum(1, keepdim=True) - kk).clamp(min=1)  # (B/K,K,T)
-    return ((gk - others) * kk).view(B, T)
+    return ((gk - others) * kk).view(g.shape)
 
 
 @dataclass
 class BatchStatistics:
-    """Sums over a batch of what the estimator averages over the batch."""
+    """Sums over a batch of what the estimator averages over the batch: the learned policy's `BatchSums`."""
 
     g_sum: torch.Tensor
     """(T,) sum over rows of the return G_t at valid positions."""
@@ -212,12 +212,9 @@ class BatchStatistics:
     n: torch.Tensor
     """() number of trained decisions."""
 
-    def __add__(self, other: BatchStatistics) -> BatchStatistics:
-        return BatchStatistics(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
-
     def stacked(self) -> torch.Tensor:
         return torch.cat([self.g_sum, self.g_cnt, self.g2_sum, self.p_sum.view(1), self.n.view(1)])
 
-    @staticmethod
-    def unstack(v: torch.Tensor, T: int) -> BatchStatistics:
+    def unstacked(self, v: torch.Tensor) -> BatchStatistics:
+        T = self.g_sum.shape[0]
         return BatchStatistics(v[:T], v[T:2 * T], v[2 * T:3 * T], v[3 * T], v[3 * T + 1])

@@ -25,8 +25,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from learntok.boundaries import BoundaryConfig, BoundaryOutput, build_strategy
-from learntok.boundaries.base import BATCH_STATS, override_boundaries
-from learntok.boundaries.reinforce import BatchStatistics
+from learntok.boundaries.base import BATCH_STATS, BatchSums, StatsReducer, override_boundaries
 from learntok.config import ModelConfig
 from learntok.nn.attention import softcap
 from learntok.nn.cache import KVCache
@@ -54,7 +53,7 @@ class ModelOutput:
     """(B,) real tokens per sequence at the token level."""
     token_slots: int | None = None
     """Token-level length per sequence under --token-bucket (static shapes), None when packed."""
-    batch_stats: BatchStatistics | None = None
+    batch_stats: BatchSums | None = None
     """This micro-batch's local sums of the estimator's batch statistics (strategies that use rewards), for the
     training loop to reduce over the global batch (learntok.train.parallel)."""
 
@@ -68,7 +67,7 @@ class ModelOutput:
 
 
 @dataclass
-class StepState:
+class GenerationState:
     """Everything `ByteLM.step` carries from one byte to the next, for B rows at the same byte position."""
 
     pos: int
@@ -181,10 +180,10 @@ class ByteLM(nn.Module):
 
     def forward(self, ids: torch.Tensor, targets: torch.Tensor | None = None, *, noise: torch.Tensor | None = None,
                 generator: torch.Generator | None = None, prescribed: torch.Tensor | None = None,
-                batch_stats=None, boundaries: torch.Tensor | None = None) -> ModelOutput:
+                batch_stats: StatsReducer | None = None, boundaries: torch.Tensor | None = None) -> ModelOutput:
         """ids (B,T) input ids (BOS first); targets (B,T) next ids or IGNORE; noise (B,T) boundary uniforms;
         prescribed (B,T) bool boundary flags from the data pipeline (strategies with `annotate`);
-        batch_stats: reducer to global-batch statistics for the estimator (learntok.train.parallel);
+        batch_stats: the estimator's reducer to global-batch statistics (`StatsReducer`, from the training loop);
         boundaries: (B,T) bool flags that replace the strategy's draw (diagnostics, e.g. boundary sensitivity;
         position 0 is always a boundary)."""
         # Compiled stages train; evaluation and scoring run eagerly (no graphs for eval mode or other lengths).
@@ -270,7 +269,8 @@ class ByteLM(nn.Module):
         cfg.recompile_limit = max(cfg.recompile_limit, 8 + 2 * (4096 // self.token_bucket))
         return {"dynamic": False, **options}
 
-    def _losses(self, res: ModelOutput, x: torch.Tensor, targets: torch.Tensor, batch_stats=None) -> None:
+    def _losses(self, res: ModelOutput, x: torch.Tensor, targets: torch.Tensor,
+                batch_stats: StatsReducer | None = None) -> None:
         """L = w_auto L_auto + lambda_early L_early + strategy terms (eq. 27); all per-byte means."""
         cfg = self.cfg
         valid = targets != IGNORE  # (B,T)
@@ -298,7 +298,7 @@ class ByteLM(nn.Module):
 
     # -- one byte at a time --------------------------------------------------------------------------------
 
-    def init_state(self, batch: int, noise: torch.Tensor) -> StepState:
+    def init_state(self, batch: int, noise: torch.Tensor) -> GenerationState:
         """Empty caches for `batch` rows; noise (B, T_total) holds the boundary uniforms of every position."""
         cfg, dev, dtype = self.cfg, self.embed.weight.device, self.embed.weight.dtype  # bf16 weights: bf16 caches
         dh, W = cfg.d_model // cfg.n_heads, cfg.byte_window
@@ -306,14 +306,14 @@ class ByteLM(nn.Module):
         def caches(blocks: nn.ModuleList, size: int) -> list[KVCache]:
             return [KVCache.empty(batch, cfg.n_heads, size, dh, dev, dtype) for _ in blocks]
 
-        return StepState(pos=0, down=caches(self.down, W), up=caches(self.up, W),
-                         slot_pos=torch.full((W,), -1, dtype=torch.long, device=dev), mid=caches(self.mid, 64),
-                         count=torch.zeros(batch, dtype=torch.long, device=dev),
-                         last_tok=torch.zeros(batch, cfg.d_model, device=dev, dtype=dtype),
-                         boundary=self.boundary.init_step_state(batch, noise))
+        return GenerationState(pos=0, down=caches(self.down, W), up=caches(self.up, W),
+                               slot_pos=torch.full((W,), -1, dtype=torch.long, device=dev), mid=caches(self.mid, 64),
+                               count=torch.zeros(batch, dtype=torch.long, device=dev),
+                               last_tok=torch.zeros(batch, cfg.d_model, device=dev, dtype=dtype),
+                               boundary=self.boundary.init_step_state(batch, noise))
 
     @torch.no_grad()
-    def step(self, ids_t: torch.Tensor, state: StepState) -> tuple[torch.Tensor, torch.Tensor]:
+    def step(self, ids_t: torch.Tensor, state: GenerationState) -> tuple[torch.Tensor, torch.Tensor]:
         """ids_t (B,) the bytes at position state.pos -> (next-byte logits (B,V), boundary a_t (B,) bool).
         Equals `forward` on the whole prefix with the same boundary noise (tests/test_generate.py)."""
         t, W, B = state.pos, self.cfg.byte_window, ids_t.shape[0]

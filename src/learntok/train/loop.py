@@ -20,6 +20,7 @@ import numpy as np
 import torch
 import torch.distributed as tdist
 
+from learntok.boundaries.base import BatchSums, repeat_samples
 from learntok.config import TrainConfig, to_dict
 from learntok.data import BatchIterator, ByteSequences, describe, load_splits, val_batches_with_flags
 from learntok.data.stream import StreamBatches, open_stream
@@ -57,6 +58,28 @@ class MicroBatch(NamedTuple):
     """(b, T) boundary uniforms."""
     prescribed: torch.Tensor | None
     """(b, T) prescribed boundary flags, for strategies that annotate their data."""
+
+
+@dataclass
+class Run:
+    """What every training step of one run shares: built once by `train`, read by `train_step`."""
+
+    cfg: TrainConfig
+    d: Dist
+    model: ByteLM
+    wrapped: torch.nn.Module
+    """`model` under DDP / FSDP2, or `model` itself in a single process."""
+    opt: torch.optim.Optimizer
+    batches: BatchIterator | StreamBatches
+    """This process's training batches."""
+    micro: int
+    """Rows per micro-batch (forward pass) on this process."""
+    accum: int
+    """Micro-batches per step."""
+    precision: str
+    """The resolved --precision (the forward pass's autocast)."""
+    window: StepMetrics
+    stats: GlobalStats
 
 
 @dataclass
@@ -134,6 +157,8 @@ def train(cfg: TrainConfig, *, log=print, on_eval: EvalHook | None = None) -> Ru
         window.load_state_dict(saved["window"])
     stats = GlobalStats(d, accum, cfg.batch_stats)
     stats.load_state_dict(saved.get("batch_stats"), d.device)
+    run = Run(cfg=cfg, d=d, model=model, wrapped=wrapped, opt=opt, batches=batches, micro=micro, accum=accum,
+              precision=precision, window=window, stats=stats)
     saved_at, bad_run = (state.step if ckpt is not None else -1), 0
 
     def save(barrier: bool = True) -> None:
@@ -184,8 +209,7 @@ def train(cfg: TrainConfig, *, log=print, on_eval: EvalHook | None = None) -> Ru
                 for group in opt.param_groups:
                     group["lr"] = lr
                 try:
-                    tokens, bad = train_step(cfg, model, wrapped, opt, batches, state.step, d, micro, accum, window,
-                                             stats)
+                    tokens, bad = train_step(run, state.step)
                 except Exception as e:  # an out-of-memory error may come wrapped (by torch.compile, say)
                     if out_of_memory(e):
                         raise TrainingError(out_of_memory_advice(micro, cfg.data.seq_len, d.device, state.step)) from e
@@ -285,43 +309,42 @@ def load_data(cfg: TrainConfig, model: ByteLM, out: Path, d: Dist, per_rank: int
     return BatchIterator(train, per_rank, cfg.seed, rank=d.rank, world_size=d.world), val
 
 
-def train_step(cfg: TrainConfig, model: ByteLM, wrapped, opt, batches: BatchIterator, step: int, d: Dist,
-               micro: int, accum: int, window: StepMetrics, stats: GlobalStats) -> tuple[int, str]:
-    """One optimizer update on this process's rows of the next global batch. Returns the tokens the whole update
-    formed (all processes) and "" or, when the update was skipped because a loss or the gradient norm was not
-    finite on some process, what was wrong. `stats` gives the estimator the global batch's statistics."""
-    batch, flags = batches.next_with_flags()  # (per_rank / K, seq_len + 1) ids, flags or None
-    k = model.boundary.samples_per_sequence
-    if k > 1:  # K boundary samples per sequence: consecutive copies (their noise differs by global row)
-        batch = batch.repeat_interleave(k, 0)
-        flags = None if flags is None else flags.repeat_interleave(k, 0)
+def train_step(run: Run, step: int) -> tuple[int, str]:
+    """Optimizer update `step` on this process's rows of the next global batch. Returns the tokens the whole
+    update formed (all processes) and "" or, when the update was skipped because a loss or the gradient norm was
+    not finite on some process, what was wrong. `run.stats` gives the estimator the global batch's statistics."""
+    cfg, d, model, micro = run.cfg, run.d, run.model, run.micro
+    batch, flags = run.batches.next_with_flags()  # (per_rank / K, seq_len + 1) ids, flags or None
+    k = model.boundary.samples_per_sequence  # K boundary samples per sequence (their noise differs by global row)
+    batch = repeat_samples(batch, k)
+    flags = None if flags is None else repeat_samples(flags, k)
     batch = to_device(batch, d.device)
     rows = d.rank * batch.shape[0] + np.arange(batch.shape[0])  # global row indices of this rank's sequences
     noise = boundary_noise(cfg.seed, step, rows, cfg.data.seq_len, d.device)  # (per_rank, T)
     parts = [MicroBatch(batch[i:i + micro, :-1], batch[i:i + micro, 1:], noise[i:i + micro],
                         None if flags is None else to_device(flags[i:i + micro, :-1], d.device))
              for i in range(0, batch.shape[0], micro)]
-    mixed = autocast(resolve_precision(cfg.precision, d.device), d.device)
+    mixed = autocast(run.precision, d.device)
 
-    def pre_pass() -> list:  # the micro-batches once without gradients: their local statistics
+    def pre_pass() -> list[BatchSums]:  # the micro-batches once without gradients: their local statistics
         with torch.no_grad(), mixed:
             return [model(mb.ids, mb.targets, noise=mb.noise, prescribed=mb.prescribed).batch_stats for mb in parts]
 
-    reducer = stats.reducer(pre_pass) if model.boundary.uses_rewards else None
+    reducer = run.stats.reducer(pre_pass) if model.boundary.uses_rewards else None
     tokens, losses, local = [], [], []
     for i, mb in enumerate(parts):
         sync = contextlib.nullcontext()
-        if d.active and cfg.parallel == "ddp" and i < accum - 1:
-            sync = wrapped.no_sync()  # gradients are all-reduced once, after the last micro-step
+        if d.active and cfg.parallel == "ddp" and i < run.accum - 1:
+            sync = run.wrapped.no_sync()  # gradients are all-reduced once, after the last micro-step
         with sync:  # one context for forward and backward (a no_sync context is entered once)
             with mixed:
-                out = wrapped(mb.ids, mb.targets, noise=mb.noise, prescribed=mb.prescribed, batch_stats=reducer)
-            (out.loss / accum).backward()
+                out = run.wrapped(mb.ids, mb.targets, noise=mb.noise, prescribed=mb.prescribed, batch_stats=reducer)
+            (out.loss / run.accum).backward()
         tokens.append(out.n_tokens.sum())
         losses.append(out.loss.detach())
         if out.batch_stats is not None:
             local.append(out.batch_stats)
-        window.add_micro(out, accum)  # on the device: read at log intervals
+        run.window.add_micro(out, run.accum)  # on the device: read at log intervals
     clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
     if hasattr(norm, "full_tensor"):  # FSDP2: a DTensor over the shards
@@ -332,9 +355,9 @@ def train_step(cfg: TrainConfig, model: ByteLM, wrapped, opt, batches: BatchIter
     if d.active:  # skip on every rank or on none
         finite = not bool(all_reduce_max(torch.tensor(float(not finite)), d))
     if finite:
-        opt.step()
-        stats.observe(local)  # (a skipped step's statistics may be NaN: the lag stays the last finite step's)
-    opt.zero_grad(set_to_none=True)
-    window.end_step(grad_norm, applied=finite)
+        run.opt.step()
+        run.stats.observe(local)  # (a skipped step's statistics may be NaN: the lag stays the last finite step's)
+    run.opt.zero_grad(set_to_none=True)
+    run.window.end_step(grad_norm, applied=finite)
     bad = "" if finite else f"loss {', '.join(f'{v:g}' for v in losses)}, gradient norm {grad_norm:g}"
     return int(all_reduce_sum(torch.tensor(n_tokens, dtype=torch.float64), d)), bad

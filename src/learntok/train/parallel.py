@@ -4,8 +4,10 @@ DistributedDataParallel (default) or FSDP2 (`fully_shard`). A single process is 
 size 1.
 
 The estimator's batch statistics (per-position mean return, eq. 17; mean p for eq. 24) must be those of the
-global batch, across ranks and accumulation micro-steps. `BatchStatistics` carries their sums; a reducer maps
-the local sums of one micro-batch to the global ones (`GlobalStats.reducer` picks it each step):
+global batch, across ranks and accumulation micro-steps. A strategy carries their sums as `BatchSums`
+(learntok.boundaries.base), whose `stacked()` vectors add up over micro-batches and ranks; a reducer (a
+`StatsReducer`) maps the local sums of one micro-batch to the global ones (`GlobalStats.reducer` picks it each
+step):
 
 - None                 one process, no accumulation: the micro-batch is the global batch;
 - `AllReduceStats`     several ranks, no accumulation: all-reduce the sums inside the forward pass;
@@ -21,13 +23,14 @@ on it and recompile per micro-batch).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.distributed as tdist
 
-from learntok.boundaries.reinforce import BatchStatistics
+from learntok.boundaries.base import BatchSums, StatsReducer, SumsT
 from learntok.device import resolve_device, to_device
 
 
@@ -106,24 +109,26 @@ class AllReduceStats:
     def __init__(self, d: Dist):
         self.d = d
 
-    def __call__(self, s: BatchStatistics) -> BatchStatistics:
-        return BatchStatistics.unstack(all_reduce_sum(s.stacked(), self.d), s.g_sum.shape[0])
+    def __call__(self, local: SumsT) -> SumsT:
+        return local.unstacked(all_reduce_sum(local.stacked(), self.d))
 
 
 class FixedStats:
-    """The global sums are already known (from the pre-pass, or the previous step's under `lagged`)."""
+    """The global sums are already known (from the pre-pass, or the previous step's under `lagged`): given as
+    a strategy's `BatchSums` or their `stacked()` vector (a checkpoint holds the vector), and returned in the
+    form of the local sums."""
 
-    def __init__(self, s: BatchStatistics):
-        self.s = s
+    def __init__(self, total: BatchSums | torch.Tensor):
+        self.total = total if isinstance(total, torch.Tensor) else total.stacked()
 
-    def __call__(self, _local: BatchStatistics) -> BatchStatistics:
-        return self.s
+    def __call__(self, local: SumsT) -> SumsT:
+        return local.unstacked(self.total)
 
 
-def global_sum(parts: list[BatchStatistics], d: Dist) -> BatchStatistics:
-    """The sum of micro-batches' local sums over this process's micro-batches and all ranks (one all-reduce)."""
-    total = sum(parts[1:], parts[0])
-    return BatchStatistics.unstack(all_reduce_sum(total.stacked(), d), total.g_sum.shape[0])
+def global_sum(parts: list[BatchSums], d: Dist) -> torch.Tensor:
+    """The `stacked()` sum of this process's micro-batches' local sums over all ranks (one all-reduce)."""
+    vectors = [s.stacked() for s in parts]
+    return all_reduce_sum(sum(vectors[1:], vectors[0]), d)
 
 
 class GlobalStats:
@@ -141,15 +146,15 @@ class GlobalStats:
         if mode not in ("prepass", "lagged"):
             raise ValueError(f"batch_stats must be prepass or lagged, got {mode!r}")
         self.d, self.accum, self.mode = d, accum, mode
-        self.previous: BatchStatistics | None = None
-        """The last step's global sums (lagged)."""
+        self.previous: torch.Tensor | None = None
+        """The last step's global sums, `stacked()` (lagged)."""
 
     @property
     def needed(self) -> bool:
         """A micro-batch is not the global batch: statistics must be reduced."""
         return self.d.active or self.accum > 1
 
-    def reducer(self, pre_pass) -> AllReduceStats | FixedStats | None:
+    def reducer(self, pre_pass: Callable[[], list[BatchSums]]) -> StatsReducer | None:
         """The reducer for this step's training pass. `pre_pass()` runs every micro-batch once without
         gradients and returns their local sums (called only for prepass under accumulation)."""
         if not self.needed:
@@ -160,18 +165,16 @@ class GlobalStats:
             return AllReduceStats(self.d)
         return FixedStats(global_sum(pre_pass(), self.d))
 
-    def observe(self, parts: list[BatchStatistics]) -> None:
+    def observe(self, parts: list[BatchSums]) -> None:
         """The step's micro-batches' local sums, after its training pass: the next step's lag (lagged only)."""
         if self.needed and self.mode == "lagged" and parts:
             self.previous = global_sum(parts, self.d)
 
     def state_dict(self) -> dict | None:
-        if self.previous is None:
-            return None
-        return {"stacked": self.previous.stacked().detach().cpu(), "T": self.previous.g_sum.shape[0]}
+        return None if self.previous is None else {"stacked": self.previous.detach().cpu()}
 
     def load_state_dict(self, sd: dict | None, device: torch.device) -> None:
-        self.previous = None if sd is None else BatchStatistics.unstack(sd["stacked"].to(device), sd["T"])
+        self.previous = None if sd is None else sd["stacked"].to(device)
 
 
 def reduce_means(rec: dict[str, float], d: Dist, max_keys: tuple[str, ...] = ()) -> dict[str, float]:
