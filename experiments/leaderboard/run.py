@@ -74,7 +74,7 @@ def _curve(rows: list[dict]) -> tuple[list[float], list[float], list[float], lis
     return xs, mean, lo, hi
 
 
-def plot(results: dict, path: Path) -> None:
+def plot(results: dict, path: Path, title: str = "Matched-FLOPs leaderboard (bands: min–max over seeds)") -> None:
     """Validation BPB against training FLOPs (mean over seeds, band: min to max) for every arm and FLOPs budget,
     with each arm's final test BPB (mean ± standard error) at its realised FLOPs."""
     import matplotlib
@@ -105,7 +105,7 @@ def plot(results: dict, path: Path) -> None:
     ax.set_xscale("log")
     ax.set_xlabel("training FLOPs (6 x matrix parameters per byte / token)")
     ax.set_ylabel("bits per byte (lines: validation during training; dots: final test, ± s.e.)")
-    ax.set_title("Matched-FLOPs leaderboard (bands: min–max over seeds)")
+    ax.set_title(title)
     finals = [r["test"]["bpb"] for r in rows]
     if finals:
         ax.set_ylim(min(finals) - 0.1, max(finals) + 0.6)
