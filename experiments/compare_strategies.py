@@ -4,7 +4,8 @@
 
 For each strategy: `learntok train --preset tiny --boundaries NAME --max-steps STEPS` (same model, data, seed,
 bytes), then `learntok eval RUN --limit EVAL_LIMIT`, then `learntok compare` over all runs. Writes
-OUT/strategies.md and OUT/strategies.json with validation BPB, boundary rate and training bytes/s per strategy,
+OUT/strategies.md, OUT/strategies.json and OUT/records.jsonl (learntok.records) with validation BPB, boundary
+rate and training bytes/s per strategy,
 plus OUT/comparison.md (Table 1 / Table 3 layout). Runs one training at a time (2-core machines).
 """
 
@@ -17,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from learntok import records
 from learntok.viz.curves import load_metrics
 
 STRATEGIES = ["learned", "uniform", "uniform-random", "whitespace", "bpe", "dynamic", "hnet", "entropy"]
@@ -43,9 +45,9 @@ def main() -> None:
     for name in args.strategies:
         run = out / name
         t0 = time.time()
-        subprocess.run([*learntok, "train", "--preset", "tiny", "--boundaries", name, "--out", str(run),
-                        "--data", args.data, "--max-steps", str(args.steps), "--seed", str(args.seed),
-                        "--no-progress", "--eval-every", "0"], check=True)
+        train_args = ["train", "--preset", "tiny", "--boundaries", name, "--out", str(run), "--data", args.data,
+                      "--max-steps", str(args.steps), "--seed", str(args.seed), "--no-progress", "--eval-every", "0"]
+        subprocess.run([*learntok, *train_args], check=True)
         wall = time.time() - t0
         train_rows, final = last_rows(run)
         seconds = final.get("time", train_rows[-1]["time"])
@@ -57,6 +59,10 @@ def main() -> None:
             subprocess.run([*learntok, "eval", str(run), "--limit", str(args.eval_limit), "--no-progress"],
                            check=True)
         results.append(res)
+        config, prov = records.run_provenance(run)
+        records.append(out / "records.jsonl", records.make("compare_strategies", name, args.seed,
+                                                           command=["learntok", *train_args], prov=prov, config=config,
+                                                           **{k: v for k, v in res.items() if k != "strategy"}))
         print(json.dumps(res), flush=True)
     (out / "strategies.json").write_text(json.dumps(results, indent=2) + "\n")
     lines = ["| strategy | val BPB | boundary rate | train bytes/s | training time | FLOPs/byte |",

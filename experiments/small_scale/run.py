@@ -14,7 +14,8 @@ Each arm is `learntok train --preset small --schedule time --time-budget BUDGET 
 the budget does, so no arm is cut off at a high learning rate), then `boundary_diagnostics` on the held-out
 split: BPB with the model's own boundaries, with rate-0 boundaries (sensitivity) and with iid random boundaries
 at the model's rate (placement), and agreement with SpaceByte's word transitions. `final` also trains the
-baselines for as many bytes as the learned arm saw in the budget (equal bytes) and writes OUT/results.json and
+baselines for as many bytes as the learned arm saw in the budget (equal bytes) and writes OUT/results.json,
+OUT/records.jsonl (learntok.records: one record per arm, with the run's provenance) and
 OUT/results.md.
 """
 
@@ -28,6 +29,7 @@ import sys
 import time
 from pathlib import Path
 
+from learntok import records
 from learntok.checkpoint import load_run
 from learntok.data import ByteSequences, val_batches_with_flags
 from learntok.evaluation.bpb import BoundaryMode, evaluating, heldout_bpb
@@ -53,6 +55,8 @@ def train_arm(run: Path, data: str, budget: float, flags: list[str], *, preset: 
     else:  # equal wall-clock
         cmd += ["--schedule", "time", "--time-budget", str(budget)]
     cmd += flags
+    (run.parent / f"{run.name}.cmd").parent.mkdir(parents=True, exist_ok=True)
+    (run.parent / f"{run.name}.cmd").write_text(" ".join(cmd[3:]) + "\n")  # the command, for its record
     t0 = time.time()
     with open(run.parent / f"{run.name}.log", "w") as log:
         subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT)
@@ -103,6 +107,11 @@ def cmd_screen(args, flags: list[str]) -> None:
     print(args.name, " ".join(f"{k}={res[k]:.4g}" for k in keys), flush=True)
 
 
+def config_command(run: Path) -> list[str]:
+    """The `learntok` arguments that trained `run` (written beside it by train_arm)."""
+    return (run.parent / f"{run.name}.cmd").read_text().split()
+
+
 def mean_sd(xs: list[float]) -> str:
     if len(xs) == 1:
         return f"{xs[0]:.4f}"
@@ -131,6 +140,10 @@ def cmd_final(args, flags: list[str]) -> None:
                    preset=args.preset, **kw)}
         results["arms"].append(res)
         path.write_text(json.dumps(results, indent=1))
+        config, prov = records.run_provenance(run)
+        records.append(out / "records.jsonl", records.make(
+            "small_scale", strategy, seed, command=" ".join(["learntok", *config_command(run)]), prov=prov,
+            config=config, **{k: v for k, v in res.items() if k not in ("strategy", "seed")}))
         print(json.dumps({k: v for k, v in res.items() if k != "curve"}), flush=True)
         return res
 

@@ -96,7 +96,7 @@ def check(record: dict, where: str = "record") -> dict:
     if record["source"] not in SOURCES:
         raise ValueError(f"{where}: source {record['source']!r} is not one of {', '.join(SOURCES)}")
     if record["source"] == "measured" and not record["provenance"].get("git_sha"):
-        raise ValueError(f"{where}: a measured record without a git SHA")
+        raise ValueError(f"{where}: a measured record without a git SHA (run experiments from a git checkout)")
     return record
 
 
