@@ -86,6 +86,7 @@ def test_rounds_replay_the_same_steps_from_the_saved_state(bench):
     assert all(torch.equal(a, b) for a, b in zip(r._state(), saved))
 
 
+@pytest.mark.slow
 def test_warmup_compiles_every_bucket_the_timed_rounds_meet(bench, monkeypatch):
     """Bucket 1 (a graph per token count), six steps a round: the warm-up meets several token counts, and the
     timed rounds, which replay it, build no graph (dynamo's eager backend: compilation is not the point)."""

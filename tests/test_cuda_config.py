@@ -38,6 +38,7 @@ TORCH = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
 
 @pytest.mark.skipif(TORCH < (2, 13), reason="FlexAttention's dense CPU backward, which this check borrows, gave "
                     "zero gradients inside a compiled graph on torch 2.11 (a CPU-only artifact; CI runs 2.13)")
+@pytest.mark.slow
 def test_aot_compiled_stages_with_flex_attention_give_the_eager_numbers():
     """The CUDA configuration's graphs (flex attention, w = 8 scan sampler, bucketed token level) through
     AOTAutograd's joint forward/backward tracing and partitioning (aot_eager_decomp_partition: everything
@@ -64,6 +65,7 @@ def test_aot_compiled_stages_with_flex_attention_give_the_eager_numbers():
         torch.testing.assert_close(gb[name], ga[name], atol=1e-5, rtol=1e-4, msg=name)
 
 
+@pytest.mark.slow
 def test_a_paper_147m_step_traces_on_fake_tensors_in_the_cuda_configuration():
     """Two whole paper-147m training steps (d 768, 4/12/4, 4096 bytes, w = 8, bf16 autocast, flex attention,
     64-slot buckets, AdamW) on fake tensors, in seconds: every operator has the shapes and dtypes it needs, the

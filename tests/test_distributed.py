@@ -84,12 +84,14 @@ def cfg(tmp_path, text_corpus):
     return tiny_train_config(tmp_path / "x", text_corpus, max_steps=3, batch_size=4, lr=1e-2)
 
 
+@pytest.mark.integration
 def test_two_processes_equal_one_process_with_double_batch(tmp_path, cfg):
     _run(replace(cfg, out=str(tmp_path / "one")), world=1)
     _run(replace(cfg, out=str(tmp_path / "two")), world=2)
     _assert_same(_weights(tmp_path / "one"), _weights(tmp_path / "two"), atol=2e-5)
 
 
+@pytest.mark.integration
 def test_torchrun_with_one_process_trains_under_ddp_like_a_plain_process(tmp_path, cfg):
     """`torchrun --nproc-per-node 1` joins a process group of one and wraps the model in DDP (on a GPU: the
     NCCL path, tests/test_gpu.py), with a plain process's result."""
@@ -101,6 +103,7 @@ def test_torchrun_with_one_process_trains_under_ddp_like_a_plain_process(tmp_pat
     _assert_same(_weights(tmp_path / "plain"), _weights(tmp_path / "group"), atol=1e-6)
 
 
+@pytest.mark.integration
 def test_two_processes_with_accumulation_equal_one_process(tmp_path, cfg):
     """DDP with no_sync micro-steps and the global-statistics pre-pass."""
     _run(replace(cfg, out=str(tmp_path / "one")), world=1)
@@ -144,6 +147,7 @@ def test_reducers_return_the_strategys_own_statistics():
     assert torch.equal(resumed.reducer(lambda: [])(s).p_sum, torch.tensor(1.0))
 
 
+@pytest.mark.integration
 def test_two_process_resume_continues_like_uninterrupted(tmp_path, cfg):
     full = replace(cfg, out=str(tmp_path / "full"), max_steps=4)
     _run(full, world=2)
@@ -161,12 +165,14 @@ def test_two_process_resume_continues_like_uninterrupted(tmp_path, cfg):
     _assert_same(_weights(tmp_path / "full"), _weights(tmp_path / "part"), atol=1e-12)
 
 
+@pytest.mark.integration
 def test_fsdp2_two_processes_equal_one_process(tmp_path, cfg):
     _run(replace(cfg, out=str(tmp_path / "one")), world=1)
     _run(replace(cfg, out=str(tmp_path / "fsdp"), parallel="fsdp", ckpt_every=2), world=2)
     _assert_same(_weights(tmp_path / "one"), _weights(tmp_path / "fsdp"), atol=2e-5)
 
 
+@pytest.mark.integration
 def test_lagged_statistics_two_processes_equal_one_process_with_accumulation(tmp_path, cfg):
     """--batch-stats lagged uses the previous step's global batch (the first step: each micro-batch's own), so
     2 processes x 2 rows and 1 process x 2 micro-batches of 2 rows make the same updates; and they differ from
@@ -249,6 +255,7 @@ def _slots_worker(rank: int, world: int, port: int, cfg) -> None:
     Path(cfg.out, f"slots-{rank}.json").write_text(json.dumps(seen))
 
 
+@pytest.mark.integration
 def test_ranks_bucket_the_token_level_by_the_largest_count_over_ranks(tmp_path, cfg):
     """Under torchrun each rank used to bucket its own largest token count, so ranks ran (and compiled) different
     token-level shapes at different times. The count is now all-reduced (MAX) first: both ranks use the same

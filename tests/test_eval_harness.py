@@ -106,6 +106,7 @@ def test_installed_entry_point_names_the_adapter():
     assert ep.load() is LearntokLM
 
 
+@pytest.mark.integration
 def test_lm_eval_command_line_runs_model_learntok(tmp_path):
     """`python -m learntok.evaluation.harness --model learntok ...` is lm_eval's own CLI with the model registered
     (and lm_eval's default device cuda:0 falls back to the CPU)."""

@@ -63,6 +63,7 @@ def test_tables_group_by_budget_and_read_old_results():
     assert "| learned | +0.1000 (1 seed) |" not in text and "| learned | " in text
 
 
+@pytest.mark.slow
 def test_leaderboard_runs_resumes_and_reports(tmp_path, text_corpus, monkeypatch):
     """Two arms train (a few steps of --preset small) and are evaluated on validation and test; a second call
     trains nothing; an arm interrupted after a checkpoint resumes from it; report writes the table and plot."""

@@ -143,6 +143,7 @@ def test_the_windowed_floor_is_deterministic_and_recorded(tmp_path):
     assert json.loads((one / "planted.json").read_text())["floor"]["windowed"] == windowed
 
 
+@pytest.mark.slow
 def test_a_learned_policy_beats_random_boundaries_on_planted_text(tmp_path):
     """The test-sized benchmark: a window of 2 bytes leaves context to the tokens, so boundaries at word ends
     pay; 300 steps of 8 x 128 bytes. (Measured at seeds 0, 1, 2: learned 0.706 / 0.725 / 0.697 BPB against

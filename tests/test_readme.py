@@ -10,6 +10,7 @@ import pytest
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
+@pytest.mark.slow
 def test_readme_python_example_runs(tmp_path, monkeypatch, capsys):
     pytest.importorskip("matplotlib")
     code = re.search(r"```python\n(.*?)```", README.read_text(), re.S).group(1)

@@ -67,6 +67,7 @@ def _interrupt_after(monkeypatch, n: int, exc=KeyboardInterrupt) -> None:
 # -- preemption ----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_sigterm_to_a_training_process_checkpoints_and_resumes_bit_exactly(tmp_path, text_corpus):
     cfg = _constant_lr(tiny_train_config(tmp_path / "run", text_corpus, max_steps=100_000, log_every=3))
     (tmp_path / "run.toml").write_text(config_text(cfg, "toml"))
@@ -361,6 +362,7 @@ def _signalled_worker(rank: int, world: int, port: int, cfg, at: int) -> None:
             torch.distributed.destroy_process_group()
 
 
+@pytest.mark.integration
 def test_sigterm_to_one_rank_stops_all_ranks_at_the_same_step(tmp_path, text_corpus):
     import torch.multiprocessing as mp
 

@@ -131,6 +131,7 @@ def test_time_schedule_decays_over_the_budget(tmp_path):
     check_config(cfg)  # no --max-steps / --max-bytes needed
 
 
+@pytest.mark.slow
 def test_time_scheduled_run_stops_at_its_budget(tmp_path):
     res = train(_cfg(tmp_path, optim=dict(schedule="time"), time_budget=2.0, ckpt_every=0), log=lambda *_: None)
     assert 0 < res.steps and res.seconds == pytest.approx(2.0, abs=1.5)

@@ -148,6 +148,7 @@ def _chromium(path: Path, profile: Path) -> tuple[str, list[str]]:
     return res.stdout, [line for line in res.stderr.splitlines() if ":CONSOLE" in line or "Uncaught" in line]
 
 
+@pytest.mark.integration
 def test_report_renders_in_headless_chromium_without_console_errors(run_dir, tmp_path):
     if not CHROMIUM.exists():
         pytest.skip("chromium not installed (apt-get install chromium): cannot render the report in a browser")
