@@ -224,12 +224,18 @@ def _shifted(rows: list[dict]) -> str:
     return f" ({k:+d}: {statistics.mean(r['test']['f1_by_shift'][str(k)] for r in rows):.3f})"
 
 
+def _speed(rs: list[dict]) -> str:
+    """' seconds | kB/s |' cells: mean training seconds and bytes per second over the rows."""
+    return (f" {statistics.mean(r['train_seconds'] for r in rs):.0f} | "
+            f"{statistics.mean(r['bytes'] / r['train_seconds'] for r in rs) / 1e3:.1f} |")
+
+
 def table(results: dict, floor: dict | None = None, *, bases: tuple[str, ...] = ("uniform-random", "uniform"),
-          reference_name: str = "SpaceByte", against: str | None = None) -> str:
+          reference_name: str = "SpaceByte", against: str | None = None, speed: bool = True) -> str:
     """Per budget: the arms' BPB on test and validation (minus `floor`: split -> bits per byte), F1 against the
     reference, rate, bytes, FLOPs, speed (mean ± standard error over seeds), then paired test-BPB differences:
     base − arm for each of `bases` (positive: the arm is better), and arm − `against` (positive: `against` is
-    better)."""
+    better). `speed=False` leaves out the seconds and bytes per second (for runs that shared the machine)."""
     lines = []
     groups: dict = {}
     for r in results["arms"]:
@@ -245,10 +251,10 @@ def table(results: dict, floor: dict | None = None, *, bases: tuple[str, ...] = 
             of = rows[0].get("budget_bytes")
             head = f"Matched FLOPs: {budget:.3g} training FLOPs per arm"
             head += f" ({of:.2g} bytes of uniform)" if of else ""
-        lines += [f"{head}; mean ± standard error over seeds. F1 (k: F1') means the boundaries agree best with the "
-                  "reference k bytes later (k = +1: one byte early), where they reach F1'.", "",
-                  f"| arm | seeds | test BPB {sub}| val BPB {sub}| F1 vs {reference_name} | rate | MB | GFLOPs | "
-                  "train s | kB/s |", "|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [f"{head}; mean ± standard error over seeds. F1 (k: F1'): the boundaries agree best with the "
+                  "reference shifted by k bytes (k = +1: they sit one byte before the reference's), with F1' there.",
+                  "", f"| arm | seeds | test BPB {sub}| val BPB {sub}| F1 vs {reference_name} | rate | MB | GFLOPs |"
+                  + (" train s | kB/s |" if speed else ""), "|---|---|---|---|---|---|---|---|" + ("---|---|" * speed)]
         for a in arms:
             rs = [r for r in rows if r["arm"] == a]
             lines.append(f"| {a} | {len(rs)} | {mean_se([r['test']['bpb'] - low['test'] for r in rs])} | "
@@ -256,9 +262,7 @@ def table(results: dict, floor: dict | None = None, *, bases: tuple[str, ...] = 
                          f"{mean_se([r['test']['f1'] for r in rs], 3)}{_shifted(rs)} | "
                          f"{mean_se([r['test']['rate'] for r in rs], 3)} | "
                          f"{statistics.mean(r['bytes'] for r in rs) / 1e6:.2f} | "
-                         f"{statistics.mean(r['flops'] for r in rs) / 1e9:.1f} | "
-                         f"{statistics.mean(r['train_seconds'] for r in rs):.0f} | "
-                         f"{statistics.mean(r['bytes'] / r['train_seconds'] for r in rs) / 1e3:.1f} |")
+                         f"{statistics.mean(r['flops'] for r in rs) / 1e9:.1f} |" + (_speed(rs) if speed else ""))
         cols = [f"{b} − arm" for b in bases] + ([f"arm − {against}"] if against else [])
         lines += ["", "Paired differences in test BPB (same seed; positive: the arm named first in the column is "
                   "worse; 95 % CI; tie when it covers 0):", "", "| arm | " + " | ".join(cols) + " |",

@@ -142,7 +142,7 @@ def planted(which: str) -> callable:
         rows = records.load(HERE / "planted" / f"records-{which}.jsonl")
         if not rows:
             return "(no records yet)\n"
-        return _script("planted").table({"arms": rows}) + "\n"
+        return _script("planted").table({"arms": rows}, speed=False) + "\n"
     return block
 
 
@@ -205,9 +205,11 @@ def readme_summary() -> str:
         snr = {x["name"]: x["snr"] for x in trained}
         if snr:
             run_est = next(n for n in snr if "normalised" in n or "the run" in n)
+            naive = (f"SNR {snr['naive']:.3g}" if snr["naive"] > 0 else
+                     f"no signal detectable in {r['variance']['trained']['samples']} draws")
             out.append(f"- After that run one batch's policy gradient has SNR {_snr(snr[run_est])} with the run's "
-                       f"estimator (naive REINFORCE: {_snr(snr['naive'])}): the paper's variance reductions buy "
-                       "signal, partly with bias (γ < 1), and one update remains mostly noise "
+                       f"estimator (naive REINFORCE: {naive}): the paper's variance reductions buy signal, partly "
+                       "with bias (γ < 1), and one update is still mostly noise "
                        "([variance](docs/results.md#the-policy-gradients-variance)).")
     planted = records.load(HERE / "planted" / "records-sep.jsonl")
     by = {(r["arm"], r["seed"]): r for r in planted}

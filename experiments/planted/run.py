@@ -67,7 +67,7 @@ def cmd_run(args) -> None:
     print(table(results))
 
 
-def table(results: dict) -> str:
+def table(results: dict, speed: bool = True) -> str:
     """The arms' table; on a planted language BPB is shown minus the windowed floor (the Bayes-optimal loss on the
     very windows scored), with both floors named in the heading."""
     info = results["arms"][0]["planted"]
@@ -86,7 +86,7 @@ def table(results: dict) -> str:
         head += (f"; {info['mean_word_bytes']:.2f} bytes per word, separators {info['spec']['separator']}; BPB on "
                  "256 KB of each split.")
         ref = "planted"
-    return head + "\n\n" + arms.table(results, floor=floor, reference_name=ref)
+    return head + "\n\n" + arms.table(results, floor=floor, reference_name=ref, speed=speed)
 
 
 def main() -> None:
