@@ -1,6 +1,6 @@
 """Regenerate every result table in the docs from the committed experiment records (learntok.records).
 
-    python experiments/report.py            # rewrite the generated blocks of README.md and docs/results.md
+    python experiments/report.py            # rewrite the generated blocks of README.md and docs/*.md
     python experiments/report.py --check    # exit 1, naming the blocks, if a rewrite would change anything
     python experiments/report.py --plots    # also redraw docs/images/ figures drawn from records (needs matplotlib)
 
@@ -25,7 +25,7 @@ ROOT = HERE.parent
 from learntok import records  # noqa: E402
 from learntok.evaluation.stats import paired_interval  # noqa: E402
 
-DOCS = (ROOT / "README.md", ROOT / "docs" / "results.md")
+DOCS = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
 BLOCK = re.compile(r"(<!-- generated: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- end: (?P=name) -->)", re.S)
 
 
