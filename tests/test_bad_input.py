@@ -62,6 +62,25 @@ def test_learntok_debug_shows_the_traceback(tmp_path):
     assert "learntok: error:" not in debug.stderr and "--max-new-bytes" in debug.stderr.strip().splitlines()[-1]
 
 
+def test_a_missing_extra_is_one_line_naming_it(tmp_path, text_corpus, monkeypatch, capsys):
+    """`show --png`, `plot` and `report` need matplotlib (the `viz` extra): without it, one line naming the extra
+    and exit 2, not an ImportError traceback."""
+    from learntok.train import train
+
+    from .conftest import tiny_train_config
+
+    run = tmp_path / "run"
+    train(tiny_train_config(run, text_corpus, max_steps=1), log=lambda *_: None)
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ModuleNotFoundError
+    for argv in (["show", str(run), "--text", "hi", "--png", str(tmp_path / "m.png")], ["plot", str(run)],
+                 ["report", str(run)]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "pip install 'learntok[viz]'" in err[0] and "matplotlib" in err[0], (argv, err)
+
+
 def test_report_needs_a_run_directory(tmp_path, capsys):
     assert main(["report", str(tmp_path / "nothing")]) == 2
     assert "no such run directory" in capsys.readouterr().err

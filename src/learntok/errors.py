@@ -20,5 +20,10 @@ class TrainingError(LearntokError):
     """Training cannot go on (e.g. too many consecutive non-finite steps)."""
 
 
+class MissingDependency(LearntokError, ImportError):
+    """An optional package the command needs is not installed; the message names the pip extra. An ImportError
+    too, so code that treats an optional dependency as optional keeps catching it."""
+
+
 class LearntokWarning(UserWarning):
     """Something the user should know that does not stop the command (the CLI prints it as one line)."""

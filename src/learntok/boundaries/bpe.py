@@ -49,11 +49,12 @@ import torch
 
 from learntok.boundaries.base import BoundaryConfig, BoundaryOutput, BoundaryStrategy
 from learntok.data.corpus import sample_documents
+from learntok.errors import MissingDependency
 
 try:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 except ImportError as e:  # pragma: no cover - the registry imports this module only when `bpe` is selected
-    raise ImportError("the bpe boundary strategy needs the `tokenizers` package (pip install tokenizers)") from e
+    raise MissingDependency("the bpe boundary strategy needs the `tokenizers` package (pip install tokenizers)") from e
 
 logger = logging.getLogger(__name__)
 

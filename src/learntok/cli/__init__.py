@@ -142,6 +142,13 @@ def _main(argv: list[str]) -> int:
             return getattr(importlib.import_module(module), func)(argv[1:])
     except BrokenPipeError:
         raise
+    except ModuleNotFoundError as e:  # an optional dependency the command needs: name the extra to install
+        extra = EXTRAS.get((e.name or "").split(".")[0])
+        if extra is None or debug():
+            raise
+        print(f"learntok: error: learntok {argv[0]} needs {e.name.split('.')[0]} here: pip install "
+              f"'learntok[{extra}]'", file=sys.stderr)
+        return 2
     except (ValueError, OSError, LearntokError) as e:  # UsageError, DataError, a missing file, a full disk, ...
         if debug():
             raise
@@ -149,6 +156,11 @@ def _main(argv: list[str]) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+EXTRAS = {"matplotlib": "viz", "tensorboard": "tensorboard", "wandb": "wandb", "huggingface_hub": "hub",
+          "datasets": "hf", "pyarrow": "parquet", "lm_eval": "eval", "yaml": "yaml"}
+"""Optional dependency (top-level module) -> the pip extra that installs it (pyproject.toml)."""
 
 
 def debug() -> bool:

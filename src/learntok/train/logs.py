@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from learntok.bpb import LN2
+from learntok.errors import MissingDependency
 from learntok.train.parallel import Dist, reduce_means
 
 MAX_KEYS = ("boundary/max_tokens",)
@@ -108,7 +109,7 @@ class TensorBoardLogger:
             import tensorboard  # noqa: F401  (torch's module imports it lazily and fails later otherwise)
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as e:
-            raise ImportError(f"--tensorboard needs the tensorboard package: pip install 'learntok[tensorboard]' "
+            raise MissingDependency(f"--tensorboard needs the tensorboard package: pip install 'learntok[tensorboard]' "
                               f"({e})") from e
         self.log_dir = Path(run_dir) / subdir
         self.writer = SummaryWriter(log_dir=str(self.log_dir))
@@ -142,7 +143,7 @@ class WandbLogger:
         try:
             import wandb
         except ImportError as e:
-            raise ImportError(f"--wandb needs the wandb package: pip install 'learntok[wandb]' ({e})") from e
+            raise MissingDependency(f"--wandb needs the wandb package: pip install 'learntok[wandb]' ({e})") from e
         self.wandb = wandb
         root = Path(run_dir) / "wandb"
         root.mkdir(parents=True, exist_ok=True)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from learntok.errors import MissingDependency
 from learntok.viz.cells import BoundaryMap
 from learntok.viz.render import BOUNDARY_RED, dark, rgb
 
@@ -37,7 +38,7 @@ def pyplot():
     try:
         import matplotlib
     except ImportError as e:
-        raise ImportError("plots need matplotlib: pip install 'learntok[viz]' (or pip install matplotlib)") from e
+        raise MissingDependency("plots need matplotlib: pip install 'learntok[viz]' (or pip install matplotlib)") from e
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
