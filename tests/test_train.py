@@ -133,6 +133,20 @@ def test_bad_input_gives_one_line_errors(tmp_path, capsys):
     assert "bogus_key" in _cli_error(capsys, ["train", "--resume", str(run)])
 
 
+def test_resume_with_a_flag_that_changes_the_weights_is_one_line(tmp_path, capsys):
+    """`--resume RUN --d-model 256` used to end in a 77-line size-mismatch traceback at the checkpoint; now it is
+    refused before anything loads, naming the flag. Flags that keep the shapes (--lr, --max-steps) still resume."""
+    run = tmp_path / "run"
+    (run).mkdir()
+    (run / "config.json").write_text(json.dumps(to_dict(get_preset("tiny"))))
+    err = _cli_error(capsys, ["train", "--resume", str(run), "--d-model", "256"])
+    assert "--d-model 256 (the run has 128)" in err and "start a new run" in err
+    assert "--policy-window 2" in _cli_error(capsys, ["train", "--resume", str(run), "--policy-window", "2"])
+    from learntok.cli.train import parse_train_args
+
+    assert parse_train_args(["--resume", str(run), "--lr", "1e-3", "--max-steps", "9"]).max_steps == 9
+
+
 def test_version(capsys):
     from learntok import __version__
 

@@ -109,7 +109,30 @@ def parse_train_args(argv: list[str], config_file: str | None = None):
             base = replace(base, boundary=base.boundary.converted(config_class(known.boundaries)))
     cls = type(base.boundary)
     _check_strategy_flags(argv, base.boundary.boundaries)
-    return parse(TrainConfig[cls], argv, "learntok train", TRAIN_DESCRIPTION, default=base)
+    cfg = parse(TrainConfig[cls], argv, "learntok train", TRAIN_DESCRIPTION, default=base)
+    if known.resume:
+        _check_same_weights(base, cfg)
+    return cfg
+
+
+def _check_same_weights(base, cfg) -> None:
+    """A resumed run keeps its weights' shapes: a flag that changes them (`--d-model 256`, `--n-mid 4`,
+    `--policy-window 3`, ...) is one line naming it, not a size-mismatch traceback at the checkpoint."""
+    import torch
+
+    from learntok.model import build_model
+
+    def shapes(c) -> dict:
+        with torch.device("meta"):
+            return {k: tuple(v.shape) for k, v in build_model(c.model, c.boundary).state_dict().items()}
+
+    if shapes(base) == shapes(cfg):
+        return
+    changed = [f"--{f.name.replace('_', '-')} {getattr(new, f.name)} (the run has {getattr(old, f.name)})"
+               for old, new in ((base.model, cfg.model), (base.boundary, cfg.boundary))
+               for f in dataclasses.fields(old) if getattr(old, f.name) != getattr(new, f.name)]
+    raise UsageError(f"--resume {cfg.resume}: {', '.join(changed) or 'these flags'} would change the shape of the "
+                     "run's weights; a run cannot change its model (start a new run instead)")
 
 
 def fresh_out(cfg):
