@@ -196,8 +196,9 @@ def test_load_run_restores_the_trained_model(tmp_path, text_corpus):
 def test_existing_run_is_never_silently_overwritten(tmp_path, text_corpus, capsys):
     cfg = tiny_train_config(tmp_path / "r", text_corpus, max_steps=1)
     train(cfg, log=lambda *_: None)
-    with pytest.raises(ValueError, match="already holds a run"):
+    with pytest.raises(ValueError, match="already holds a run") as e:
         train(cfg, log=lambda *_: None)
+    assert "resume=" in str(e.value) and "overwrite=True" in str(e.value)  # the Python settings, for a Python user
     train(replace(cfg, overwrite=True), log=lambda *_: None)
     assert len(_losses(tmp_path / "r")) == 1
     # the command line picks a fresh directory instead

@@ -51,8 +51,8 @@ def open_run_dir(out: Path, resume: bool, overwrite: bool, d: Dist, log=print) -
     intact checkpoint yet starts again from step 0 with a warning. Rank 0 decides; the others follow."""
     if not resume and (out / "metrics.jsonl").exists():
         if not overwrite:
-            raise ValueError(f"{out} already holds a run; continue it with --resume {out}, replace it with "
-                             "--overwrite, or choose another --out")
+            raise ValueError(f"{out} already holds a run: continue it with resume='{out}' (--resume), replace it "
+                             "with overwrite=True (--overwrite), or choose another out (--out)")
         if d.is_main:
             for p in [*out.glob("step_*"), out / "latest", out / "metrics.jsonl"]:
                 shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
