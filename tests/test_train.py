@@ -133,6 +133,25 @@ def test_bad_input_gives_one_line_errors(tmp_path, capsys):
     assert "bogus_key" in _cli_error(capsys, ["train", "--resume", str(run)])
 
 
+def test_resume_on_other_data_is_recorded_and_said(tmp_path, text_corpus):
+    """`--resume RUN --data OTHER` used to rewrite config.json's data source silently, so the run's provenance named
+    only the new data. Every start of training is now a session in run_info (step, data, git SHA), and a change of
+    data on resume is a warning."""
+    import shutil
+
+    other = tmp_path / "other"
+    shutil.copytree(text_corpus, other)
+    cfg = tiny_train_config(tmp_path / "r", text_corpus, max_steps=2, ckpt_every=2)
+    train(cfg, log=lambda *_: None)
+    logged: list[str] = []
+    train(replace(cfg, resume=str(tmp_path / "r"), max_steps=3, data=replace(cfg.data, source=str(other))),
+          log=logged.append)
+    sessions = json.loads((tmp_path / "r" / "config.json").read_text())["run_info"]["sessions"]
+    assert [(x["step"], x["data"]) for x in sessions] == [(0, str(text_corpus)), (2, str(other))]
+    assert all(len(x["git_sha"]) == 40 for x in sessions)
+    assert any("warning" in m and str(other) in m and "until step 2" in m for m in logged)
+
+
 def test_resume_with_a_flag_that_changes_the_weights_is_one_line(tmp_path, capsys):
     """`--resume RUN --d-model 256` used to end in a 77-line size-mismatch traceback at the checkpoint; now it is
     refused before anything loads, naming the flag. Flags that keep the shapes (--lr, --max-steps) still resume."""

@@ -139,7 +139,7 @@ def train(cfg: TrainConfig, *, log=print, on_eval: EvalHook | None = None) -> Ru
     if optim_state is not None:
         load_optimizer_state(wrapped, opt, optim_state, sharded)
     if d.is_main:
-        write_config(out, cfg, d.world)
+        write_config(out, cfg, d.world, state.step, log)
     log(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, matrix params (byte, token) "
         f"= {model.matrix_params()}, boundaries={cfg.boundary.boundaries}, device={d.device}, processes={d.world}, "
         f"accumulation={accum}")

@@ -110,12 +110,31 @@ def run_info() -> dict:
     return {**provenance(), "torch_threads": torch.get_num_threads()}
 
 
-def write_config(out: Path, cfg: TrainConfig, world: int) -> None:
-    """RUN/config.json: the full config plus `run_info` provenance (written atomically)."""
+def write_config(out: Path, cfg: TrainConfig, world: int, step: int = 0, log=print) -> None:
+    """RUN/config.json: the full config plus `run_info` provenance (written atomically). `run_info["sessions"]`
+    keeps one entry per start of training (fresh or resumed: the step it started from, the data source, git SHA
+    and dirty flag, time), so a run continued on other code or other data says so; a resume whose data source
+    differs from the previous session's is also logged as a warning."""
     out.mkdir(parents=True, exist_ok=True)
+    path = out / "config.json"
+    sessions = []
+    if cfg.resume and path.exists():
+        try:
+            old = json.loads(path.read_text())
+        except ValueError:
+            old = {}
+        info = old.get("run_info", {})
+        sessions = info.get("sessions") or [{"step": 0, "data": old.get("data", {}).get("source"),
+                                             "git_sha": info.get("git_sha"), "time": info.get("time")}]
+        if sessions[-1].get("data") != cfg.data.source:
+            log(f"warning: --resume {out}: the run trained on {sessions[-1].get('data')!r} until step {step} and "
+                f"continues on {cfg.data.source!r} (recorded in config.json's run_info.sessions)")
+    info = {**run_info(), "world_size": world}
+    sessions.append({"step": step, "data": cfg.data.source, "git_sha": info["git_sha"], "git_dirty": info["git_dirty"],
+                     "time": info["time"]})
     tmp = out / "config.json.tmp"
-    tmp.write_text(json.dumps({**to_dict(cfg), "run_info": {**run_info(), "world_size": world}}, indent=2) + "\n")
-    os.replace(tmp, out / "config.json")
+    tmp.write_text(json.dumps({**to_dict(cfg), "run_info": {**info, "sessions": sessions}}, indent=2) + "\n")
+    os.replace(tmp, path)
 
 
 def save_state(out: Path, model, wrapped, opt, batches: BatchIterator, state: TrainState, d: Dist, *, sharded: bool,
