@@ -74,6 +74,36 @@ def test_eval_writes_report_and_prints_table(runs, task_dir, capsys):
         assert text in printed
 
 
+def test_eval_of_some_tasks_adds_to_eval_json_and_an_interrupted_eval_keeps_what_finished(runs, task_dir, tmp_path,
+                                                                                          monkeypatch):
+    """`eval RUN --tasks hellaswag` used to replace eval.json (the other tasks vanished from it and from compare),
+    and Ctrl-C threw away tasks that had finished."""
+    import learntok.evaluation.report as report
+
+    run, out = runs["learned"], tmp_path / "e.json"
+    base = [str(run), "--limit", "2", "--task-dir", str(task_dir), "--no-progress", "--out", str(out)]
+    assert cmd_eval([*base, "--tasks", "piqa", "--no-heldout"]) == 0
+    assert cmd_eval([*base, "--tasks", "hellaswag"]) == 0
+    rep = read_eval(out)
+    assert set(rep["tasks"]) == {"piqa", "hellaswag"} and rep["heldout"]["bpb"] > 0
+    # another limit is another evaluation: it replaces the file
+    assert cmd_eval([str(run), "--limit", "1", "--task-dir", str(task_dir), "--no-progress", "--out", str(out),
+                     "--tasks", "arc_easy", "--no-heldout"]) == 0
+    assert set(read_eval(out)["tasks"]) == {"arc_easy"}
+    out.unlink()
+    real = report.score_task
+
+    def interrupted(model, name, *a, **kw):
+        if name == "hellaswag":
+            raise KeyboardInterrupt
+        return real(model, name, *a, **kw)
+
+    monkeypatch.setattr(report, "score_task", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        cmd_eval([*base, "--tasks", "piqa,hellaswag"])
+    assert set(read_eval(out)["tasks"]) == {"piqa"}
+
+
 def test_eval_round_trip_and_version_check(runs, tmp_path):
     rep = {"eval_version": EVAL_VERSION, "tasks": {}, "x": [1.5, None], "nan": float("nan")}
     path = write_eval(tmp_path / "e.json", rep)

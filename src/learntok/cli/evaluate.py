@@ -77,7 +77,7 @@ def cmd_eval(argv: list[str]) -> int:
     from learntok.config import DataConfig, TrainConfig
     from learntok.device import resolve_device
     from learntok.evaluation.bpb import BoundaryMode
-    from learntok.evaluation.report import EvalConfig, evaluate_model, format_report, write_eval
+    from learntok.evaluation.report import EvalConfig, evaluate_model, format_report, merge_eval, read_eval, write_eval
     from learntok.pretrained import load
 
     if a.threads:
@@ -94,11 +94,20 @@ def cmd_eval(argv: list[str]) -> int:
     cfg = loaded.cfg or TrainConfig(model=model.cfg, boundary=model.bcfg, data=DataConfig(seq_len=loaded.seq_len))
     where = ckpt or loaded.hub_id or loaded.path
     print(f"learntok eval {a.checkpoint}: {where}", file=sys.stderr)
-    report = evaluate_model(cfg, model, opts, log=lambda s: print(s, file=sys.stderr))
-    report["checkpoint"] = str(where)
-    report["run"] = str(run_dir or loaded.hub_id or loaded.path)
     default_dir = run_dir or (Path(".") if loaded.hub_id else loaded.path)
-    out = write_eval(Path(a.out) if a.out else default_dir / "eval.json", report)
+    path = Path(a.out) if a.out else default_dir / "eval.json"
+    try:
+        previous = read_eval(path) if path.exists() else None
+    except ValueError:
+        previous = None  # another version or a damaged file: replaced
+    ident = {"checkpoint": str(where), "run": str(run_dir or loaded.hub_id or loaded.path)}
+
+    def save(part: dict) -> Path:  # after every task: an interrupted evaluation keeps what finished
+        return write_eval(path, merge_eval(previous, {**part, **ident}))
+
+    report = evaluate_model(cfg, model, opts, log=lambda s: print(s, file=sys.stderr), on_part=save)
+    report = merge_eval(previous, {**report, **ident})
+    out = write_eval(path, report)
     print(format_report(report, title=f"\n{run_dir or loaded.hub_id or loaded.path} ({ckpt.name if ckpt else 'model'}, "
                                        f"boundaries {cfg.boundary.boundaries})"))
     print(f"written: {out}")

@@ -88,8 +88,11 @@ def _bpe_reference(path: str) -> Callable[[bytes], np.ndarray]:
     return lambda data: bpe_boundaries(tok, data)
 
 
-def evaluate_model(cfg, model, opts: EvalConfig, log: Callable[[str], None] = print) -> dict:
-    """The full report of one model (see the module docstring). `cfg` is the run's TrainConfig."""
+def evaluate_model(cfg, model, opts: EvalConfig, log: Callable[[str], None] = print,
+                   on_part: Callable[[dict], None] | None = None) -> dict:
+    """The full report of one model (see the module docstring). `cfg` is the run's TrainConfig. `on_part` gets the
+    report so far after each task and after the held-out text (the CLI writes eval.json then, so an interrupted
+    evaluation keeps what finished)."""
     t0 = time.perf_counter()
     bm = opts.mode
     report: dict = {"eval_version": EVAL_VERSION, "boundaries": cfg.boundary.boundaries,
@@ -106,6 +109,8 @@ def evaluate_model(cfg, model, opts: EvalConfig, log: Callable[[str], None] = pr
         report["tasks"][name] = {"file": str(path), **res, "seconds": time.perf_counter() - t}
         log(f"{TASKS[name].title}: BPB {format_metric(res['bpb'], res['bpb_se'])}, "
             f"accuracy {format_metric(res['acc'], res['acc_se'])} (n={res['n']})")
+        if on_part is not None:
+            on_part(report)
     if opts.heldout:
         t = time.perf_counter()
         desc, docs = heldout_documents(cfg, opts.data, opts.split)
@@ -154,6 +159,22 @@ def write_eval(path: str | Path, report: dict) -> Path:
     tmp.write_text(json.dumps(_clean(report), indent=2, allow_nan=False) + "\n")
     os.replace(tmp, path)
     return path
+
+
+SAME_EVAL = ("eval_version", "checkpoint", "mode", "limit")
+"""Fields two reports must share for one to add to the other (same weights, same boundary draw, same subset)."""
+
+
+def merge_eval(old: dict | None, new: dict) -> dict:
+    """`new`, keeping what `old` measured and `new` did not (tasks it did not run; held-out parts it skipped) when
+    both evaluated the same checkpoint the same way (SAME_EVAL); otherwise `new` alone."""
+    if not old or any(old.get(k) != new.get(k) for k in SAME_EVAL):
+        return new
+    merged = {**new, "tasks": {**old.get("tasks", {}), **new.get("tasks", {})}}
+    for k in ("heldout", "boundary_stats", "flops", "diagnostics"):
+        if merged.get(k) is None and old.get(k) is not None:
+            merged[k] = old[k]
+    return merged
 
 
 def read_eval(path: str | Path) -> dict:
