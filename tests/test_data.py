@@ -231,6 +231,13 @@ def test_hf_local_dataset(tmp_path: Path) -> None:
     assert [k for k, _ in iter_documents(f"hf:{tmp_path / 'ds'}:validation")] == [f"hf:{tmp_path / 'ds'}:0"]
     with pytest.raises(DataError, match="cannot load"):
         list(iter_documents(f"hf:{tmp_path / 'ds'}:nosuchsplit"))
+    # the DatasetDict's own validation split is the run's (it used to be ignored for a hash hold-out of train)
+    from learntok.data.sources import split_documents
+
+    got = list(split_documents(DataConfig(source=f"hf:{tmp_path / 'ds'}")))
+    assert [t for s, t in got if s == "val"] == [b"v"] and [t.decode() for s, t in got if s == "train"] == DOCS
+    named = list(split_documents(DataConfig(source=f"hf:{tmp_path / 'ds'}:train")))  # a named split: as before
+    assert b"v" not in [t for _, t in named]
 
 
 def test_shared_enwiki_valid() -> None:

@@ -341,9 +341,29 @@ def find_split_files(directory: str | Path) -> dict[str, list[Path]] | None:
     return found if found["train"] and found["val"] else None
 
 
+def hf_split_specs(spec: str) -> dict[str, list[str]] | None:
+    """The splits of `hf:DIR` when DIR is a `save_to_disk` DatasetDict with a train split and a validation one
+    (`validation`, `valid`, `val` or `dev`; `test*` optional) and the spec names no split: {"train": [hf:DIR:train],
+    "val": [...], "test": [...]}, as find_split_files gives for a directory. None otherwise (a hash hold-out)."""
+    parts = spec[3:].split(":")
+    meta = Path(parts[0]) / "dataset_dict.json"
+    if len(parts) != 1 or not meta.is_file():
+        return None
+    try:
+        names = list(json.loads(meta.read_text()).get("splits", []))
+    except (ValueError, AttributeError):
+        return None
+    val = [n for n in names if _VAL_NAME.match(n)]
+    if "train" not in names or not val:
+        return None
+    return {"train": [f"hf:{parts[0]}:train"], "val": [f"hf:{parts[0]}:{val[0]}"],
+            "test": [f"hf:{parts[0]}:{n}" for n in names if n.lower().startswith("test")]}
+
+
 def split_documents(cfg: DataConfig, test: bool = False, max_train_bytes: float = 0) -> Iterator[tuple[str, bytes]]:
     """(split, document) for every document of a data config's source, split by these rules in order of
-    precedence: a directory with `train*` and `valid*` entries (find_split_files) gives its splits (validation
+    precedence: a directory with `train*` and `valid*` entries (find_split_files), or an `hf:DIR` DatasetDict with
+    train and validation splits (hf_split_specs), gives its splits (validation
     from `val_data` instead if given; with `test`, also its test* entries); `val_data` if given (then all of the
     source trains); for `stdlib` the fixed rule of is_stdlib_val (5% of files); otherwise a hold-out by hash of
     the document key (is_holdout with `val_fraction`). Streams: nothing is held. With `max_train_bytes`, the
@@ -358,7 +378,7 @@ def split_documents(cfg: DataConfig, test: bool = False, max_train_bytes: float 
             budget[0] -= len(text)
             yield "train", text
 
-    found = None if spec.startswith("hf:") or spec == "stdlib" else find_split_files(spec)
+    found = hf_split_specs(spec) if spec.startswith("hf:") else None if spec == "stdlib" else find_split_files(spec)
     if found is not None:
         for path in found["train"]:
             yield from train_docs(str(path))
