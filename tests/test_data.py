@@ -254,3 +254,24 @@ def test_corrupt_compressed_file(tmp_path: Path, comp: str) -> None:
         path.write_bytes(_compress(_jsonl([{"text": "x" * 1000}]), comp)[:-8] + b"garbage!")
         with pytest.raises(DataError, match="cannot read or decompress"):
             list(iter_documents(str(path)))
+
+
+def test_a_latin1_corpus_trains_with_its_encoding_or_as_bytes(tmp_path: Path) -> None:
+    """A Latin-1 text file used to be refused for training as binary (while show and segment read it); --encoding
+    names its codec (decoded, trained on as UTF-8) or 'bytes' (its bytes as they are)."""
+    from learntok.data.sources import split_documents
+
+    for split in ("train", "valid"):
+        (tmp_path / split).mkdir()
+        (tmp_path / split / "a.txt").write_bytes("caf\xe9 cr\xe8me br\xfbl\xe9e\n".encode("latin-1") * 20)
+    with pytest.raises(DataError, match="--encoding bytes"):
+        list(split_documents(DataConfig(source=str(tmp_path))))
+    utf8 = dict(split_documents(DataConfig(source=str(tmp_path), encoding="latin-1")))
+    assert utf8["train"].decode("utf-8").startswith("café crème brûlée")
+    raw = dict(split_documents(DataConfig(source=str(tmp_path), encoding="bytes")))
+    assert raw["val"] == (tmp_path / "valid" / "a.txt").read_bytes()
+    with pytest.raises(DataError, match="unknown encoding"):
+        list(split_documents(DataConfig(source=str(tmp_path), encoding="klingon")))
+    (tmp_path / "train" / "a.txt").write_bytes(b"\xff\xfe\x00" * 5)
+    with pytest.raises(DataError, match="not valid ascii"):
+        list(split_documents(DataConfig(source=str(tmp_path), encoding="ascii")))

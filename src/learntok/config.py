@@ -105,6 +105,10 @@ class DataConfig:
     """Validation data (same spellings). Default: a split of --data (its valid file, or a hash split)."""
     text_field: str = "text"
     """Field holding the text in .jsonl/.parquet/Hugging Face rows."""
+    encoding: str = "utf-8"
+    """How whole-file documents (.txt, .md, .py, ...) are read: 'utf-8' (files that are not UTF-8 are skipped as
+    binary), 'bytes' (every file's bytes as they are: a byte-level model needs no decoding), or a Python codec
+    such as 'latin-1' (decoded, then trained on as UTF-8)."""
     seq_len: int = 512
     """Bytes predicted per sequence; the model sees BOS plus seq_len - 1 bytes (paper: 4096)."""
     pack: bool = True

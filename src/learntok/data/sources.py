@@ -256,9 +256,24 @@ def resolve_files(spec: str) -> list[Path]:
     raise DataError(f"{spec}: no such file or directory")
 
 
+def _decoded(data: bytes, path: Path, encoding: str) -> bytes | None:
+    """A whole file's bytes as a document under `encoding` (DataConfig.encoding), or None if it is binary."""
+    if encoding == "bytes":
+        return data
+    if encoding.replace("-", "").replace("_", "").lower() == "utf8":
+        return None if is_binary(data) else data
+    try:
+        return data.decode(encoding).encode("utf-8")
+    except LookupError:
+        raise DataError(f"--encoding {encoding}: unknown encoding (use utf-8, bytes or a Python codec name)") from None
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not valid {encoding} ({e.reason} at byte {e.start})") from None
+
+
 def _iter_files(spec: str, files: Sequence[Path], text_field: str,
-                keys: Sequence[str] | None = None) -> Iterator[tuple[str, bytes]]:
-    """Documents of files; whole-file documents that are binary are skipped (error if nothing is left)."""
+                keys: Sequence[str] | None = None, encoding: str = "utf-8") -> Iterator[tuple[str, bytes]]:
+    """Documents of files; whole-file documents that are binary (under `encoding`) are skipped (error if nothing
+    is left)."""
     n_docs, binary = 0, []
     for i, path in enumerate(files):
         kind = _split_suffix(path)[0]
@@ -268,10 +283,11 @@ def _iter_files(spec: str, files: Sequence[Path], text_field: str,
             docs = _iter_parquet(path, text_field)
         else:
             data = _read_all(path)
-            if data and is_binary(data):
+            text = _decoded(data, path, encoding) if data else data
+            if text is None:
                 binary.append(path)
                 continue
-            docs = [(keys[i] if keys is not None else str(path), data)]
+            docs = [(keys[i] if keys is not None else str(path), text)]
         for key, text in docs:
             if text:
                 n_docs += 1
@@ -279,14 +295,16 @@ def _iter_files(spec: str, files: Sequence[Path], text_field: str,
     if n_docs == 0:
         if binary:
             raise DataError(f"{spec}: no text documents; {len(binary)} file(s) are binary (not UTF-8 or NUL-heavy), "
-                            f"e.g. {binary[0]}")
+                            f"e.g. {binary[0]} (train on them anyway with --encoding bytes, or give their codec, "
+                            "e.g. --encoding latin-1)")
         raise DataError(f"{spec}: no documents (all files are empty)")
     if binary:
-        warnings.warn(f"{spec}: skipped {len(binary)} binary file(s) (not UTF-8 or NUL-heavy), e.g. {binary[0]}",
+        warnings.warn(f"{spec}: skipped {len(binary)} binary file(s) (not UTF-8 or NUL-heavy), e.g. {binary[0]} "
+                      "(--encoding bytes or --encoding CODEC reads them)",
                       stacklevel=3)
 
 
-def iter_documents(spec: str, text_field: str = "text") -> Iterator[tuple[str, bytes]]:
+def iter_documents(spec: str, text_field: str = "text", encoding: str = "utf-8") -> Iterator[tuple[str, bytes]]:
     """(key, UTF-8 bytes) of every non-empty document of `spec`, in a deterministic order.
 
     `spec` is a file, a directory (all supported files, recursively, sorted), a glob (sorted), `hf:NAME[:SPLIT]`
@@ -308,7 +326,7 @@ def iter_documents(spec: str, text_field: str = "text") -> Iterator[tuple[str, b
         if n == 0:
             raise DataError(f"{spec}: no documents (all rows are empty)")
     else:
-        yield from _iter_files(spec, resolve_files(spec), text_field)
+        yield from _iter_files(spec, resolve_files(spec), text_field, encoding=encoding)
 
 
 def is_stdlib_val(relpath: str) -> bool:
@@ -368,11 +386,11 @@ def split_documents(cfg: DataConfig, test: bool = False, max_train_bytes: float 
     source trains); for `stdlib` the fixed rule of is_stdlib_val (5% of files); otherwise a hold-out by hash of
     the document key (is_holdout with `val_fraction`). Streams: nothing is held. With `max_train_bytes`, the
     training documents end once that many bytes have been given (a hash hold-out then ends altogether)."""
-    spec, field = cfg.source, cfg.text_field
+    spec, field, enc = cfg.source, cfg.text_field, cfg.encoding
     budget = [max_train_bytes or float("inf")]
 
     def train_docs(source: str) -> Iterator[tuple[str, bytes]]:
-        for _, text in iter_documents(source, field):
+        for _, text in iter_documents(source, field, enc):
             if budget[0] <= 0:
                 return
             budget[0] -= len(text)
@@ -385,16 +403,16 @@ def split_documents(cfg: DataConfig, test: bool = False, max_train_bytes: float 
         for split, paths in [("val", [cfg.val_data] if cfg.val_data is not None else found["val"])] + \
                 ([("test", found["test"])] if test else []):
             for path in paths:
-                yield from ((split, text) for _, text in iter_documents(str(path), field))
+                yield from ((split, text) for _, text in iter_documents(str(path), field, enc))
         return
     if cfg.val_data is not None:
         yield from train_docs(spec)
-        yield from (("val", text) for _, text in iter_documents(cfg.val_data, field))
+        yield from (("val", text) for _, text in iter_documents(cfg.val_data, field, enc))
         return
     if not 0.0 <= cfg.val_fraction < 1.0:
         raise DataError(f"{spec}: val_fraction must be in [0, 1), got {cfg.val_fraction}")
     rule = is_stdlib_val if spec == "stdlib" else (lambda k: is_holdout(k, cfg.val_fraction))
-    for key, text in iter_documents(spec, field):
+    for key, text in iter_documents(spec, field, enc):
         if rule(key):
             yield "val", text
         elif budget[0] <= 0:

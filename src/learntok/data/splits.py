@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from learntok.data.corpus import Corpus, CorpusBuilder
 from learntok.data.shards import Prepared, is_prepared
-from learntok.data.sources import DataError, find_split_files, iter_documents, split_documents
+from learntok.data.sources import DataError, find_split_files, hf_split_specs, iter_documents, split_documents
 
 if TYPE_CHECKING:
     from learntok.config import DataConfig
@@ -60,18 +60,20 @@ def load_split(cfg: DataConfig, split: str) -> tuple[str, Corpus]:
             Prepared.open(cfg.source).split("test", verify=cfg.verify_data)
         return f"{cfg.source} ({split})", corpus
     if split == "val" and cfg.val_data is not None:
-        return cfg.val_data, _read([cfg.val_data], cfg.text_field, "validation data")
-    found = None if cfg.source.startswith("hf:") or cfg.source == "stdlib" else find_split_files(cfg.source)
+        return cfg.val_data, _read([cfg.val_data], cfg, "validation data")
+    found = hf_split_specs(cfg.source) if cfg.source.startswith("hf:") else None if cfg.source == "stdlib" \
+        else find_split_files(cfg.source)
     if found is not None and found[split]:
-        return f"{cfg.source} ({split})", _read([str(p) for p in found[split]], cfg.text_field, f"{split} data")
+        return f"{cfg.source} ({split})", _read([str(p) for p in found[split]], cfg, f"{split} data")
     if split == "test":
         raise ValueError(f"--split test: the run's data {cfg.source!r} is neither a prepared corpus nor a directory "
                          "with test* files; give --data PATH")
     return f"{cfg.source} (val)", load_splits(cfg)[1]
 
 
-def _read(specs: list[str], text_field: str, name: str) -> Corpus:
-    return Corpus.from_documents((t for spec in specs for _, t in iter_documents(spec, text_field)), name)
+def _read(specs: list[str], cfg: DataConfig, name: str) -> Corpus:
+    docs = (t for spec in specs for _, t in iter_documents(spec, cfg.text_field, cfg.encoding))
+    return Corpus.from_documents(docs, name)
 
 
 def describe(train_docs: Sequence[bytes], val_docs: Sequence[bytes]) -> str:

@@ -161,7 +161,7 @@ def open_stream(cfg, *, rank: int, world_size: int, seed: int) -> tuple[Document
     if cfg.val_data is not None:
         from learntok.data.sources import iter_documents
 
-        val = [t for _, t in iter_documents(cfg.val_data, cfg.text_field)]
+        val = [t for _, t in iter_documents(cfg.val_data, cfg.text_field, cfg.encoding)]
     else:
         n = 0
         for doc in DocumentStream(cfg.source, cfg.text_field, shuffle_buffer=0).documents():

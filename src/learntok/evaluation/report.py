@@ -69,7 +69,8 @@ def heldout_documents(cfg, data: str | None, split: str) -> tuple[str, Sequence[
         return load_split(cfg.data, split)
     if is_prepared(data):
         return load_split(replace(cfg.data, source=data, val_data=None), split)
-    return data, Corpus.from_documents((t for _, t in iter_documents(data, cfg.data.text_field)), "held-out data")
+    return data, Corpus.from_documents((t for _, t in iter_documents(data, cfg.data.text_field, cfg.data.encoding)),
+                                         "held-out data")
 
 
 def _bpe_reference(path: str) -> Callable[[bytes], np.ndarray]:
