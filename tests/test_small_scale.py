@@ -141,6 +141,22 @@ def test_time_scheduled_run_stops_at_its_budget(tmp_path):
     assert lrs[-1] < lrs[0]
 
 
+@pytest.mark.slow
+def test_resuming_a_run_whose_time_budget_is_used_up_is_one_line(tmp_path):
+    """`--resume RUN --max-steps N` after a --time-budget run used to do nothing ("time budget reached", exit 0) and
+    append a second final evaluation to metrics.jsonl; now it says to give a larger budget and changes nothing."""
+    from dataclasses import replace
+
+    cfg = _cfg(tmp_path, optim=dict(schedule="time"), time_budget=0.5, ckpt_every=0)
+    train(cfg, log=lambda *_: None)
+    before = (tmp_path / "run" / "metrics.jsonl").read_text()
+    with pytest.raises(ValueError, match="time budget of 0.5 s was used up.*larger --time-budget"):
+        train(replace(cfg, resume=str(tmp_path / "run"), max_steps=1000), log=lambda *_: None)
+    assert (tmp_path / "run" / "metrics.jsonl").read_text() == before
+    res = train(replace(cfg, resume=str(tmp_path / "run"), time_budget=1.0), log=lambda *_: None)
+    assert res.seconds > 0.5
+
+
 def _run_script():
     """experiments/small_scale/run.py as a module (it is a script, not part of the package)."""
     path = Path(__file__).resolve().parents[1] / "experiments" / "small_scale" / "run.py"

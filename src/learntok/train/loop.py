@@ -128,6 +128,9 @@ def train(cfg: TrainConfig, *, log=print, on_eval: EvalHook | None = None) -> Ru
     ckpt = open_run_dir(out, bool(cfg.resume), cfg.overwrite, d, log)
     state, optim_state, saved = restore_state(ckpt, model, batches) if ckpt else (TrainState(), None, {})
     if ckpt is not None:
+        if cfg.time_budget and state.elapsed >= cfg.time_budget:  # else: no step, and a repeated final evaluation
+            raise ValueError(f"--resume {out}: the run's time budget of {cfg.time_budget:g} s was used up at step "
+                             f"{state.step}; give a larger --time-budget (time_budget=) to continue it")
         log(f"resumed from {ckpt} at step {state.step}")
     sharded = cfg.parallel == "fsdp" and d.active
     if d.active:  # every rank buckets the token level alike (--token-bucket / --compile)
