@@ -65,6 +65,22 @@ def test_show_rejects_bad_input_in_one_line(run_dir, tmp_path):
         cmd_show([str(run_dir), "--text", ""])
     with pytest.raises(FileNotFoundError, match="config.json"):
         cmd_show([str(tmp_path), "--text", "a"])
+    with pytest.raises(ValueError, match=r"\.png, \.pdf or \.svg"):  # it used to write a PNG named x.txt
+        cmd_show([str(run_dir), "--text", "a", "--png", str(tmp_path / "x.txt")])
+
+
+def test_show_writes_the_image_type_its_suffix_names_with_nothing_cut_off(run_dir, tmp_path):
+    """`--png x.pdf` used to write a PNG; a short text's title and colour bar were cut off at the figure's edge."""
+    from PIL import Image
+
+    assert cmd_show([str(run_dir), "--text", "hi", "--png", str(tmp_path / "m.pdf"), "--quiet"]) == 0
+    assert (tmp_path / "m.pdf").read_bytes()[:4] == b"%PDF"
+    assert cmd_show([str(run_dir), "--text", "hi", "--png", str(tmp_path / "m.svg"), "--quiet"]) == 0
+    assert b"<svg" in (tmp_path / "m.svg").read_bytes()[:400]
+    assert cmd_show([str(run_dir), "--text", "hi", "--png", str(tmp_path / "m.png"), "--quiet"]) == 0
+    img = np.asarray(Image.open(tmp_path / "m.png").convert("L"))
+    edges = np.concatenate([img[0], img[-1], img[:, 0], img[:, -1]])
+    assert (edges > 250).all()  # a white margin all round: nothing drawn runs into the edge
 
 
 def test_load_metrics_splits_training_and_evaluation_lines(run_dir, tmp_path):

@@ -68,6 +68,8 @@ def cmd_show(argv: list[str]) -> int:
     data = read_input(a.text, a.file, default=SAMPLE_TEXT.encode("utf-8"))
     if not data:
         raise UsageError("nothing to show: the text is empty")
+    if a.png and Path(a.png).suffix.lower() not in (".png", ".pdf", ".svg"):
+        raise UsageError(f"--png {a.png}: the image type follows the suffix: .png, .pdf or .svg")
     from learntok.device import resolve_device
     from learntok.pretrained import load
     from learntok.viz.boundary_map import compute_map

@@ -147,12 +147,21 @@ def map_figure(bmap: BoundaryMap, width: int = 100, max_chars: int = 4000, dpi: 
     return fig, notices
 
 
+IMAGE_FORMATS = ("png", "pdf", "svg")
+"""File types a boundary map can be written as, chosen by the file name's suffix."""
+
+
 def save_map_png(bmap: BoundaryMap, path, width: int = 100, max_chars: int = 4000) -> list[str]:
-    """Write the map as a PNG; returns the notices (see map_figure)."""
+    """Write the map as an image whose type follows the suffix (.png, .pdf or .svg; anything else is a
+    ValueError, not a PNG under another name), cropped to what was drawn so a short text's title and colour bar
+    are not cut off; returns the notices (see map_figure)."""
+    fmt = Path(path).suffix.lower().lstrip(".")
+    if fmt not in IMAGE_FORMATS:
+        raise ValueError(f"{path}: a boundary map is written as .png, .pdf or .svg (by the file name's suffix)")
     plt = pyplot()
     fig, notices = map_figure(bmap, width=width, max_chars=max_chars)
     try:
-        fig.savefig(path, format="png")
+        fig.savefig(path, format=fmt, bbox_inches="tight", pad_inches=0.08)
     finally:
         plt.close(fig)
     return notices
