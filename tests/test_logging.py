@@ -66,6 +66,12 @@ def fake_wandb(monkeypatch):
     return runs
 
 
+def test_wandb_dir_is_respected(tmp_path, text_corpus, fake_wandb, monkeypatch):
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wb"))
+    train(tiny_train_config(tmp_path / "r", text_corpus, max_steps=1, wandb=True), log=lambda *_: None)
+    assert fake_wandb[0].init["dir"] == str(tmp_path / "wb")  # it used to be RUN_DIR whatever WANDB_DIR said
+
+
 def test_wandb_gets_the_config_every_metric_and_maps(tmp_path, text_corpus, fake_wandb):
     pytest.importorskip("matplotlib")
     from learntok.config import to_dict
@@ -79,7 +85,8 @@ def test_wandb_gets_the_config_every_metric_and_maps(tmp_path, text_corpus, fake
     rows = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
     scalars = [(s, v) for s, v in run.logged if "boundaries/map" not in v]
     assert [(r["step"], {k: v for k, v in r.items() if k != "step"}) for r in rows] == scalars
-    assert [(s, v["boundaries/map"][0]) for s, v in run.logged if "boundaries/map" in v] == [(2, "image")]
+    # one map per evaluation, the final one included (it used to be left out)
+    assert [(s, v["boundaries/map"][0]) for s, v in run.logged if "boundaries/map" in v] == [(2, "image"), (4, "image")]
     # a resumed run continues the same W&B run
     train(replace(cfg, resume=str(tmp_path / "r"), max_steps=5), log=lambda *_: None)
     assert fake_wandb[1].init["id"] == run.init["id"] and fake_wandb[1].logged[0][0] == 5

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import numbers
+import os
 import secrets
 import sys
 from collections import defaultdict
@@ -136,8 +137,8 @@ class TensorBoardLogger:
 class WandbLogger:
     """A Weights & Biases run for a run directory: the config, every logged figure, a boundary-map image per
     evaluation. Needs the `wandb` package (pip install 'learntok[wandb]'); WANDB_MODE=offline writes the run
-    under RUN_DIR/wandb with no network (upload it later with `wandb sync`). A resumed run continues the same
-    W&B run (its id is kept in RUN_DIR/wandb/run_id)."""
+    under RUN_DIR/wandb (or under $WANDB_DIR when set) with no network (upload it later with `wandb sync`). A
+    resumed run continues the same W&B run (its id is kept in RUN_DIR/wandb/run_id)."""
 
     def __init__(self, run_dir: str | Path, config: dict, project: str, entity: str = "") -> None:
         try:
@@ -151,7 +152,8 @@ class WandbLogger:
         run_id = id_file.read_text().strip() if id_file.exists() else secrets.token_hex(4)
         id_file.write_text(run_id + "\n")
         self.run = wandb.init(project=project, entity=entity or None, name=Path(run_dir).resolve().name,
-                              id=run_id, resume="allow", dir=str(run_dir), config=config)
+                              id=run_id, resume="allow", dir=os.environ.get("WANDB_DIR") or str(run_dir),
+                              config=config)
 
     def scalars(self, step: int, values: dict) -> None:
         self.run.log({k: v for k, v in values.items()

@@ -179,11 +179,13 @@ def train(cfg: TrainConfig, *, log=print, on_eval: EvalHook | None = None) -> Ru
         sinks.write({"step": state.step, "bytes": state.bytes_seen, "flops": state.flops, "time": state.elapsed,
                      **ev})
         if on_eval is not None and evaluates:
-            view = on_eval(model, first_row(val), None if final else state.step, sinks.wants_images and not final)
+            view = on_eval(model, first_row(val), None if final else state.step, sinks.wants_images)
             ev["sample"] = view.text
-            if d.is_main and not final:
-                sinks.note(f"step {state.step}: val bpb {ev['val/bpb']:.4f}, rate {ev['val/rate']:.3f}  {view.text}")
-                sinks.image(state.step, view.image)
+            if d.is_main:
+                if not final:
+                    sinks.note(f"step {state.step}: val bpb {ev['val/bpb']:.4f}, rate {ev['val/rate']:.3f}  "
+                               f"{view.text}")
+                sinks.image(state.step, view.image)  # the final evaluation's map too
         if d.active:
             tdist.barrier()
         return ev

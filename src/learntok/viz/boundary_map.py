@@ -84,19 +84,20 @@ def preview_sample(model, seq: torch.Tensor, flags: torch.Tensor | None = None, 
 
 def preview_hook(model, row, step: int | None, with_image: bool):
     """The evaluation hook of `learntok train` (learntok.train.EvalHook): at an evaluation a one-line coloured
-    preview of the held-out row (plus a boundary-map image for TensorBoard if asked), at the end of training
-    (step None) its first 400 bytes with the boundaries marked."""
+    preview of the held-out row, at the end of training (step None) its first 400 bytes with the boundaries
+    marked; either way a boundary-map image for TensorBoard / W&B if asked."""
     from learntok.train.validation import Preview
     from learntok.viz.render import render_ansi
 
     ids, flags = row
     if step is None:
-        return Preview(render_ansi(sequence_map(model, ids, flags, n_bytes=400), color=None))
-    text = preview_sample(model, ids, flags, width=80, color=sys.stderr.isatty())
+        text = render_ansi(sequence_map(model, ids, flags, n_bytes=400), color=None)
+    else:
+        text = preview_sample(model, ids, flags, width=80, color=sys.stderr.isatty())
     image = None
     if with_image:
         from learntok.viz.mpl import map_image
 
-        bmap = sequence_map(model, ids, flags, n_bytes=400, label=f"step {step}")
+        bmap = sequence_map(model, ids, flags, n_bytes=400, label="final" if step is None else f"step {step}")
         image = map_image(bmap, width=80, max_chars=800)  # (H,W,3)
     return Preview(text, image)
