@@ -166,6 +166,23 @@ def test_resume_with_a_flag_that_changes_the_weights_is_one_line(tmp_path, capsy
     assert parse_train_args(["--resume", str(run), "--lr", "1e-3", "--max-steps", "9"]).max_steps == 9
 
 
+def test_on_log_sees_every_metrics_line_and_can_stop_the_run(tmp_path, text_corpus):
+    """The Python API's step / evaluation hook: every line metrics.jsonl gets, as a dict; True stops the run after
+    that step with a checkpoint (early stopping), and the run resumes from it."""
+    seen: list[dict] = []
+
+    def early_stop(rec: dict) -> bool:
+        seen.append(rec)
+        return "val/bpb" in rec and rec["step"] >= 2
+
+    cfg = tiny_train_config(tmp_path / "r", text_corpus, max_steps=6, eval_every=2)
+    res = train(cfg, log=lambda *_: None, on_log=early_stop)
+    lines = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert seen == lines and [r["step"] for r in seen if "val/bpb" in r] == [2]
+    assert res.stopped == "on_log" and res.steps == 2 and (tmp_path / "r" / "step_000002").is_dir()
+    assert train(replace(cfg, resume=str(tmp_path / "r")), log=lambda *_: None).steps == 6
+
+
 def test_version(capsys):
     from learntok import __version__
 

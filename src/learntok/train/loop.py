@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -98,9 +99,13 @@ class RunResult:
     """The signal that stopped the run early with a checkpoint (e.g. "SIGTERM"; then no final evaluation), or ""."""
 
 
-def train(cfg: TrainConfig, *, log=print, on_eval: EvalHook | None = None) -> RunResult:
+def train(cfg: TrainConfig, *, log=print, on_eval: EvalHook | None = None,
+          on_log: Callable[[dict], bool | None] | None = None) -> RunResult:
     """Train `cfg` (continuing the run in cfg.resume if set) and return the final numbers. `on_eval` shows a
     held-out sample at each evaluation and at the end (the command line passes `learntok.viz.preview_hook`).
+    `on_log` gets every line metrics.jsonl gets (training windows and evaluations, as dicts; on every process);
+    returning True stops the run after that step with a checkpoint, like SIGTERM (`RunResult.stopped` is
+    "on_log"): early stopping, custom logging.
 
     SIGTERM / SIGUSR1 stop the run after the current step with a checkpoint (`RunResult.stopped` names the
     signal; no final evaluation); Ctrl-C saves one and re-raises. A step with a non-finite loss or gradient norm
@@ -173,11 +178,18 @@ def train(cfg: TrainConfig, *, log=print, on_eval: EvalHook | None = None) -> Ru
                    window=window.state_dict(d) if agreed else None, batch_stats=stats.state_dict())
         saved_at = state.step
 
+    hooked = [False]  # on_log asked to stop
+
+    def tell(record: dict) -> None:
+        if on_log is not None and on_log(dict(record)):
+            hooked[0] = True
+
     def evaluate(final: bool) -> dict:
         with autocast(precision, d.device):
             ev = validate(model, val, d.device) if evaluates else {"val/bpb": float("nan"), "val/rate": float("nan")}
-        sinks.write({"step": state.step, "bytes": state.bytes_seen, "flops": state.flops, "time": state.elapsed,
-                     **ev})
+        record = {"step": state.step, "bytes": state.bytes_seen, "flops": state.flops, "time": state.elapsed, **ev}
+        sinks.write(record)
+        tell(record)
         if on_eval is not None and evaluates:
             view = on_eval(model, first_row(val), None if final else state.step, sinks.wants_images)
             ev["sample"] = view.text
@@ -197,12 +209,12 @@ def train(cfg: TrainConfig, *, log=print, on_eval: EvalHook | None = None) -> Ru
             while state.step < steps:
                 # All ranks use the slowest rank's clock (they stop at the same step and, with --schedule time,
                 # apply the same learning rate) and stop together when any rank received a stop signal.
-                now, stop_now = all_reduce_max(torch.tensor([clock.elapsed(), float(stop.requested)],
+                now, stop_now = all_reduce_max(torch.tensor([clock.elapsed(), float(stop.requested or hooked[0])],
                                                             dtype=torch.float64), d).tolist()
                 if stop_now:
                     state.elapsed = clock.elapsed()
                     save()
-                    stopped = stop.signal or "a stop signal on another process"
+                    stopped = stop.signal or ("on_log" if hooked[0] else "a stop signal on another process")
                     sinks.note(f"stopped by {stopped} at step {state.step}: checkpoint {out / f'step_{state.step:06d}'}"
                                f" saved; continue with: learntok train --resume {out}")
                     break
@@ -230,8 +242,10 @@ def train(cfg: TrainConfig, *, log=print, on_eval: EvalHook | None = None) -> Ru
                                f"the run stops at {cfg.max_bad_steps})")
                 if state.step % cfg.log_every == 0 or state.step == steps:
                     t, b = clock.elapsed(), state.bytes_seen
-                    sinks.training({**window.window(d, (t, b)), "step": state.step, "bytes": b, "flops": state.flops,
-                                    "train/flops_per_byte": state.flops / b, "train/lr": lr, "time": t})
+                    record = {**window.window(d, (t, b)), "step": state.step, "bytes": b, "flops": state.flops,
+                              "train/flops_per_byte": state.flops / b, "train/lr": lr, "time": t}
+                    sinks.training(record)
+                    tell(record)
                 sinks.stepped()
                 state.elapsed = clock.elapsed()
                 if bad_run >= cfg.max_bad_steps:
