@@ -42,7 +42,15 @@ from learntok.train.parallel import (
     wrap_model,
 )
 from learntok.train.preempt import StopRequest
-from learntok.train.schedule import UNBOUNDED_STEPS, Stopwatch, check_config, lr_at, make_optimizer, total_steps
+from learntok.train.schedule import (
+    UNBOUNDED_STEPS,
+    Stopwatch,
+    busy_cpu_note,
+    check_config,
+    lr_at,
+    make_optimizer,
+    total_steps,
+)
 from learntok.train.state import TrainState, open_run_dir, restore_state, save_state, write_config
 from learntok.train.validation import EvalHook, first_row, validate
 
@@ -116,6 +124,8 @@ def train(cfg: TrainConfig, *, log=print, on_eval: EvalHook | None = None,
     d = init_distributed(cfg.device)
     per_rank, micro, accum = batch_split(cfg, d)
     log = log if d.is_main else (lambda *_a, **_k: None)
+    if d.device.type == "cpu" and cfg.threads <= 0 and (note := busy_cpu_note(torch.get_num_threads())):
+        log(note)
     out = Path(cfg.resume or cfg.out)
     torch.manual_seed(cfg.seed)
     precision = resolve_precision(cfg.precision, d.device)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,6 +16,20 @@ from learntok.config import OptimConfig, TrainConfig
 
 UNBOUNDED_STEPS = 10**12
 """Step count of a time-scheduled run without --max-steps / --max-bytes: its budget ends it first."""
+
+
+def busy_cpu_note(threads: int) -> str | None:
+    """A note when training on the CPU with PyTorch's several threads starts on a machine whose cores are
+    already busy (1-minute load average >= cores): the threads then wait on each other, and on 2 cores a step
+    ran 6-35x slower than with --threads 1 in a newcomer's test. None otherwise (or where the load is unknown)."""
+    try:
+        load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    except (AttributeError, OSError):  # no load average on this platform
+        return None
+    if threads <= 1 or load < cores:
+        return None
+    return (f"note: the machine is busy (load average {load:.1f} on {cores} cores) and PyTorch uses {threads} "
+            "threads; if steps are slow, --threads 1 may be several times faster")
 
 
 def check_config(cfg: TrainConfig) -> None:
