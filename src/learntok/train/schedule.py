@@ -19,14 +19,17 @@ UNBOUNDED_STEPS = 10**12
 
 
 def busy_cpu_note(threads: int) -> str | None:
-    """A note when training on the CPU with PyTorch's several threads starts on a machine whose cores are
-    already busy (1-minute load average >= cores): the threads then wait on each other, and on 2 cores a step
-    ran 6-35x slower than with --threads 1 in a newcomer's test. None otherwise (or where the load is unknown)."""
+    """A note when training on the CPU starts with more PyTorch threads than the machine has idle cores (cores
+    minus the 1-minute load average, within half a core): the threads then wait on each other. With one other
+    1-thread job on a 2-core VM, 60 steps of `tiny` took 2.0x as long with the default 2 threads as with
+    --threads 1 (docs/operations.md). None otherwise, or where the load is unknown. The default is not changed
+    behind the user's back: the thread count can change float rounding, so a run's numbers would depend on what
+    else the machine was doing."""
     try:
         load, cores = os.getloadavg()[0], os.cpu_count() or 1
     except (AttributeError, OSError):  # no load average on this platform
         return None
-    if threads <= 1 or load < cores:
+    if threads <= 1 or cores - load >= threads - 0.5:
         return None
     return (f"note: the machine is busy (load average {load:.1f} on {cores} cores) and PyTorch uses {threads} "
             "threads; if steps are slow, --threads 1 may be several times faster")
