@@ -157,3 +157,8 @@ def test_a_path_that_is_neither_a_directory_nor_a_hub_id(tmp_path, capsys):
     (tmp_path / "file").write_text("x")
     assert main(["generate", str(tmp_path / "file"), "--prompt", "a"]) == 2
     assert "not a directory" in capsys.readouterr().err
+    # a typo under an existing directory (runs/tyop) is a local path, not a Hub id: no network, and what is there
+    (tmp_path / "runs" / "tiny").mkdir(parents=True)
+    assert main(["generate", str(tmp_path / "runs" / "tyop"), "--prompt", "a"]) == 2
+    err = capsys.readouterr().err
+    assert "no such directory" in err and "has: tiny" in err and "Hub" in err and "Error" not in err
