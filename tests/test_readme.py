@@ -20,3 +20,65 @@ def test_readme_python_example_runs(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out.splitlines()
     assert "|" in "\n".join(out) and (tmp_path / "runs" / "api" / "config.json").exists()
     assert eval(out[-1]) and all(isinstance(s, str) for s in eval(out[-1]))  # the segments
+
+
+NETWORK = ("learntok eval-data fetch", "learntok push ")
+"""README commands that need the network (the Hub): not run here."""
+SHORTER = {
+    # README command (as written) -> the flags that make it a few seconds on a tiny corpus
+    "learntok train --out runs/t --max-steps 500": ["--max-steps", "2"],
+    "learntok train --boundaries uniform --max-bytes 2e6": ["--max-steps", "2", "--out", "runs/u"],
+    "learntok train --preset small --data DATA/enwiki --out runs/wiki --schedule time --time-budget 1200":
+        ["--time-budget", "3", "--val-bytes", "4096"],
+    "learntok train --resume runs/wiki --time-budget 2400": ["--time-budget", "5"],
+    "learntok train --config run.toml --lr 1e-3": ["--max-steps", "2", "--out", "runs/c"],
+    "learntok eval runs/wiki": ["--limit", "2", "--max-bytes", "4096"],
+    "learntok generate runs/wiki --prompt \"The river\"": ["--max-new-bytes", "8"],
+}
+
+
+def _commands() -> list[str]:
+    """The `learntok ...` lines of the README's "Using it" block, without their comments."""
+    block = README.read_text().split("## Using it", 1)[1].split("`python -m learntok", 1)[0]
+    return [line.split("#")[0].strip() for line in block.splitlines() if line.strip().startswith("learntok ")]
+
+
+@pytest.mark.slow
+def test_every_readme_command_runs(tmp_path, monkeypatch, capsys):
+    """Every command the README shows runs (exit 0) on a tiny English corpus, in the README's order, shortened by
+    the flags in SHORTER; the two that need the network are skipped. A README command this test does not know
+    fails it, so the README and the test move together."""
+    import shlex
+
+    from learntok.cli import main
+
+    from .conftest import SHARED_DATA, write_text_corpus
+
+    pytest.importorskip("matplotlib")
+    corpus = write_text_corpus(tmp_path / "DATA" / "enwiki")
+    (corpus / "test").mkdir()
+    (corpus / "test" / "0.txt").write_text((corpus / "valid" / "0.txt").read_text())
+    if (SHARED_DATA / "eval").is_dir():
+        monkeypatch.setenv("LEARNTOK_EVAL_DIR", str(SHARED_DATA / "eval"))
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--write-config", "run.toml", "--max-steps", "2"]) == 0  # README: --write-config FILE
+    commands = _commands()
+    assert len(commands) >= 15 and all(c in commands for c in SHORTER), "README commands changed: update SHORTER"
+    ran = []
+    for cmd in commands:
+        if cmd.startswith(NETWORK):
+            continue
+        if cmd.startswith("learntok compare"):  # its second run, as the README's name implies: uniform boundaries
+            base = ["train", "--preset", "small", "--data", "DATA/enwiki", "--out", "runs/wiki-uniform",
+                    "--boundaries", "uniform", "--max-steps", "2", "--val-bytes", "4096"]
+            assert main(base) == 0 and main(["eval", "runs/wiki-uniform", "--limit", "2", "--max-bytes", "4096"]) == 0
+        argv = [*shlex.split(cmd)[1:], *SHORTER.get(cmd, [])]
+        if argv[-1] == "--help" or "--help" in argv:
+            with pytest.raises(SystemExit) as e:
+                main(argv)
+            assert e.value.code == 0, cmd
+        else:
+            assert main(argv) == 0, (cmd, capsys.readouterr().err[-2000:])
+        ran.append(cmd)
+    assert len(ran) == len(commands) - 2
+    assert (tmp_path / "map.png").stat().st_size > 1000 and (tmp_path / "models" / "wiki" / "config.json").exists()
