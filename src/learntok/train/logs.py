@@ -203,8 +203,11 @@ class Sinks:
     "auto" (bar on a terminal, lines otherwise)."""
 
     def __init__(self, out: Path, d: Dist, *, progress: bool, tensorboard: bool, total: int | None, initial: int,
-                 log: Callable[[str], None], style: str = "auto", wandb: dict | None = None):
+                 log: Callable[[str], None], style: str = "auto", wandb: dict | None = None,
+                 listener: Callable[[dict], None] | None = None):
         self.log = log
+        self.listener = listener
+        """Called with a copy of every metrics line, on every process (train's on_log)."""
         self.total = total
         self.file = open(out / "metrics.jsonl", "a") if d.is_main else None  # noqa: SIM115 (closed in close())
         self.tb = TensorBoardLogger(out) if tensorboard and d.is_main else None
@@ -225,6 +228,8 @@ class Sinks:
             self.tb.scalars(rec["step"], rec)
         if self.wb is not None:
             self.wb.scalars(rec["step"], rec)
+        if self.listener is not None:
+            self.listener(dict(rec))
 
     def training(self, rec: dict) -> None:
         """A training window's line, also shown on the progress bar or as a plain log line."""

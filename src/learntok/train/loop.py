@@ -167,8 +167,15 @@ def train(cfg: TrainConfig, *, log=print, on_eval: EvalHook | None = None,
     steps = total_steps(cfg)
     bytes_per_step = cfg.batch_size * cfg.data.seq_len
     wandb = dict(config=to_dict(cfg), project=cfg.wandb_project, entity=cfg.wandb_entity) if cfg.wandb else None
+    hooked = [False]  # on_log asked to stop
+
+    def tell(record: dict) -> None:
+        if on_log(record):
+            hooked[0] = True
+
     sinks = Sinks(out, d, progress=cfg.progress, tensorboard=cfg.tensorboard, style=cfg.progress_style, wandb=wandb,
-                  total=steps if steps < UNBOUNDED_STEPS else None, initial=state.step, log=log)
+                  total=steps if steps < UNBOUNDED_STEPS else None, initial=state.step, log=log,
+                  listener=tell if on_log is not None else None)
     clock = Stopwatch(state.elapsed)
     window = StepMetrics((state.elapsed, state.bytes_seen))
     if saved.get("window") is not None:
@@ -188,18 +195,11 @@ def train(cfg: TrainConfig, *, log=print, on_eval: EvalHook | None = None,
                    window=window.state_dict(d) if agreed else None, batch_stats=stats.state_dict())
         saved_at = state.step
 
-    hooked = [False]  # on_log asked to stop
-
-    def tell(record: dict) -> None:
-        if on_log is not None and on_log(dict(record)):
-            hooked[0] = True
-
     def evaluate(final: bool) -> dict:
         with autocast(precision, d.device):
             ev = validate(model, val, d.device) if evaluates else {"val/bpb": float("nan"), "val/rate": float("nan")}
-        record = {"step": state.step, "bytes": state.bytes_seen, "flops": state.flops, "time": state.elapsed, **ev}
-        sinks.write(record)
-        tell(record)
+        sinks.write({"step": state.step, "bytes": state.bytes_seen, "flops": state.flops, "time": state.elapsed,
+                     **ev})
         if on_eval is not None and evaluates:
             view = on_eval(model, first_row(val), None if final else state.step, sinks.wants_images)
             ev["sample"] = view.text
@@ -252,10 +252,8 @@ def train(cfg: TrainConfig, *, log=print, on_eval: EvalHook | None = None,
                                f"the run stops at {cfg.max_bad_steps})")
                 if state.step % cfg.log_every == 0 or state.step == steps:
                     t, b = clock.elapsed(), state.bytes_seen
-                    record = {**window.window(d, (t, b)), "step": state.step, "bytes": b, "flops": state.flops,
-                              "train/flops_per_byte": state.flops / b, "train/lr": lr, "time": t}
-                    sinks.training(record)
-                    tell(record)
+                    sinks.training({**window.window(d, (t, b)), "step": state.step, "bytes": b, "flops": state.flops,
+                                    "train/flops_per_byte": state.flops / b, "train/lr": lr, "time": t})
                 sinks.stepped()
                 state.elapsed = clock.elapsed()
                 if bad_run >= cfg.max_bad_steps:
