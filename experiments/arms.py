@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from learntok import records
+from learntok.evaluation.stats import paired_interval
 from learntok.viz.curves import load_metrics
 
 ARMS: dict[str, list[str]] = {
@@ -194,15 +195,6 @@ def mean_se(xs: list[float], digits: int = 4) -> str:
     return f"{statistics.mean(xs):.{digits}f} ± {statistics.stdev(xs) / math.sqrt(len(xs)):.{digits}f}"
 
 
-def t_interval(d: list[float], level: float = 0.95) -> tuple[float, float, float]:
-    """(mean, half-width of its Student-t interval, standard error) of paired differences (>= 2), with the exact
-    t quantile at len(d) - 1 degrees of freedom."""
-    from learntok.evaluation.stats import paired_interval
-
-    p = paired_interval(d, level)
-    return p["mean"], p["half"], p["se"]
-
-
 def paired(rows: list[dict], arm: str, base: str, split: str = "test") -> str:
     """base - arm in BPB, paired by seed at the same budget: mean, 95 % CI, and the reading, which names the
     better of the two ("tie" when the interval covers 0)."""
@@ -210,9 +202,9 @@ def paired(rows: list[dict], arm: str, base: str, split: str = "test") -> str:
     d = [by[base, s] - by[arm, s] for (a, s) in by if a == arm and (base, s) in by]
     if len(d) < 2:
         return "—" if not d else f"{d[0]:+.4f} (1 seed)"
-    m, half, _ = t_interval(d)
-    verdict = "tie" if m - half <= 0 <= m + half else f"{arm if m > 0 else base} better"
-    return f"{m:+.4f} [{m - half:+.4f}, {m + half:+.4f}] {verdict} ({len(d)} seeds)"
+    p = paired_interval(d)
+    verdict = "tie" if p["tie"] else f"{arm if p['mean'] > 0 else base} better"
+    return f"{p['mean']:+.4f} [{p['lo']:+.4f}, {p['hi']:+.4f}] {verdict} ({len(d)} seeds)"
 
 
 def _shifted(rows: list[dict]) -> str:

@@ -13,6 +13,7 @@ regenerating the docs, fails the tests.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import re
 import statistics
@@ -29,6 +30,7 @@ DOCS = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
 BLOCK = re.compile(r"(<!-- generated: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- end: (?P=name) -->)", re.S)
 
 
+@functools.cache
 def _script(study: str):
     """experiments/STUDY/run.py as a module (the study scripts are not a package)."""
     spec = importlib.util.spec_from_file_location(f"{study}_run", HERE / study / "run.py")
@@ -37,8 +39,10 @@ def _script(study: str):
     return module
 
 
-def _leaderboard() -> list[dict]:
-    return records.load(HERE / "leaderboard" / "records.jsonl")
+@functools.cache
+def _leaderboard() -> tuple[dict, ...]:
+    """The English Wikipedia records, read once (every block that needs them reads these)."""
+    return tuple(records.load(HERE / "leaderboard" / "records.jsonl"))
 
 
 def _ci(d: list[float], level: float = 0.95) -> str:
