@@ -28,7 +28,7 @@ from safetensors.torch import load_file, save_model
 from learntok.boundaries import BoundaryConfig
 from learntok.card import write_model_card
 from learntok.config import CONFIG_VERSION, ModelConfig, boundary_from_dict, build, upgrade
-from learntok.errors import LearntokError
+from learntok.errors import LearntokError, MissingDependency
 from learntok.version import __version__
 
 FORMAT = "learntok-pretrained"
@@ -98,12 +98,12 @@ HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?$")
 
 
 def hub_package():
-    """The huggingface_hub package, or a LearntokError saying how to install it."""
+    """The huggingface_hub package, or a MissingDependency saying how to install it."""
     try:
         import huggingface_hub
     except ImportError as e:
-        raise LearntokError("the Hugging Face Hub needs the huggingface_hub package: pip install 'learntok[hub]'"
-                            ) from e
+        raise MissingDependency("the Hugging Face Hub needs the huggingface_hub package: pip install "
+                                "'learntok[hub]'") from e
     return huggingface_hub
 
 

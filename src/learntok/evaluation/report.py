@@ -92,8 +92,8 @@ def _bpe_reference(path: str) -> Callable[[bytes], np.ndarray]:
 def evaluate_model(cfg, model, opts: EvalConfig, log: Callable[[str], None] = print,
                    on_part: Callable[[dict], None] | None = None) -> dict:
     """The full report of one model (see the module docstring). `cfg` is the run's TrainConfig. `on_part` gets the
-    report so far after each task and after the held-out text (the CLI writes eval.json then, so an interrupted
-    evaluation keeps what finished)."""
+    report so far after each task (the CLI writes eval.json then, so an interrupted evaluation keeps the tasks that
+    finished; the held-out part, which comes last, is written with the whole report)."""
     t0 = time.perf_counter()
     bm = opts.mode
     report: dict = {"eval_version": EVAL_VERSION, "boundaries": cfg.boundary.boundaries,

@@ -87,17 +87,17 @@ def preview_hook(model, row, step: int | None, with_image: bool):
     preview of the held-out row, at the end of training (step None) its first 400 bytes with the boundaries
     marked; either way a boundary-map image for TensorBoard / W&B if asked."""
     from learntok.train.validation import Preview
-    from learntok.viz.render import render_ansi
+    from learntok.viz.render import preview_map, render_ansi
 
     ids, flags = row
+    bmap = sequence_map(model, ids, flags, n_bytes=400, label="final" if step is None else f"step {step}")
     if step is None:
-        text = render_ansi(sequence_map(model, ids, flags, n_bytes=400), color=None)
-    else:
-        text = preview_sample(model, ids, flags, width=80, color=sys.stderr.isatty())
+        text = render_ansi(bmap, color=None)
+    else:  # the same draw as preview_sample (its first 80 characters lie within these 400 bytes)
+        text = preview_map(bmap, width=80, color=sys.stderr.isatty())
     image = None
     if with_image:
         from learntok.viz.mpl import map_image
 
-        bmap = sequence_map(model, ids, flags, n_bytes=400, label="final" if step is None else f"step {step}")
-        image = map_image(bmap, width=80, max_chars=800)  # (H,W,3)
+        image = map_image(bmap, width=80, max_chars=800)  # (H,W,3): the map above, not a second forward pass
     return Preview(text, image)
