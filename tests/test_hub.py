@@ -91,7 +91,7 @@ def test_push_from_python_with_a_model_object(run, fake_hub):
 
     model = learntok.from_pretrained(run[0])
     url = push_to_hub(model, "someone/obj")
-    assert url.endswith(COMMIT) and fake_hub[-1][2][-1] == "model.safetensors"
+    assert url.endswith(COMMIT) and "model.safetensors" in fake_hub[-1][2]
     torch.testing.assert_close(_logits(learntok.from_pretrained("someone/obj")), _logits(model), rtol=0, atol=0)
 
 

@@ -26,8 +26,10 @@ def test_export_round_trip_and_strict_loading(tmp_path, run):
     out = tmp_path / "export"
     assert main(["export", str(run), str(out)]) == 0
     names = {p.name for p in out.iterdir()}  # the map image needs matplotlib
-    assert {"README.md", "config.json", "model.safetensors"} <= names <= {"README.md", "config.json",
-                                                                          "model.safetensors", "boundary_map.png"}
+    hf = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
+          "modeling_learntok.py"}  # the transformers files (tests/test_transformers.py)
+    assert {"README.md", "config.json", "model.safetensors", *hf} <= names <= {
+        "README.md", "config.json", "model.safetensors", "boundary_map.png", *hf}
     model = learntok.from_pretrained(out)
     ref = learntok.from_pretrained(run)
     ids = torch.tensor([[256, *b"def f(x):\n    return x"]])
@@ -67,7 +69,7 @@ def test_segmenter_spans_tile_the_text(run):
 
 def test_segment_and_show_draw_the_same_boundaries(run):
     """`learntok segment` (Segmenter) and `learntok show` (compute_map) draw with the evaluation seed by default, so
-    one text splits the same way in both; a window's first byte always starts a segment."""
+    one text splits the same way in both."""
     from learntok.cli.use import SegmentArgs
     from learntok.cli.viz import ShowArgs
     from learntok.draw import EVAL_SEED
@@ -79,9 +81,26 @@ def test_segment_and_show_draw_the_same_boundaries(run):
     data = ("def tokenize(text):\n    return text.split()  # words\n" * 2).encode()
     bmap = compute_map(model, data, window=15)
     starts = [s.start for s in Segmenter(model, window=16).segment(data)]
-    assert starts == [i for i in range(len(data)) if i % 15 == 0 or bmap.mask[i]]
+    assert starts == [i for i in range(len(data)) if i == 0 or bmap.mask[i]]
     other = compute_map(model, data, window=15, seed=EVAL_SEED + 1)  # negative control: another seed, other draws
     assert (other.mask != bmap.mask).any()
+
+
+def test_long_texts_have_no_forced_boundary_at_window_starts():
+    """Texts longer than the window are read in overlapping windows: with a strategy whose boundaries are a rule
+    on the bytes (whitespace), segmenting with a 16-byte window gives the rule's boundaries everywhere, as one
+    pass over the whole text does (consecutive windows, context=0, would force one at every window start)."""
+    from learntok.draw import draw_text
+
+    from .conftest import build_model
+
+    model = build_model("whitespace").eval()
+    data = b"tokenization of long documents should not depend on where a window starts " * 3
+    whole = draw_text(model, data, len(data))[1]
+    starts = [s.start for s in Segmenter(model, window=16).segment(data)]
+    assert starts == [i for i in range(len(data)) if i == 0 or whole[i]]
+    cut = draw_text(model, data, 15, context=0)[1]
+    assert not cut[15:].equal(whole[15:])  # negative control: the forced boundaries of consecutive windows
 
 
 def test_model_card_image_needs_only_matplotlib(run, tmp_path, monkeypatch):

@@ -82,3 +82,56 @@ def test_every_readme_command_runs(tmp_path, monkeypatch, capsys):
         ran.append(cmd)
     assert len(ran) == len(commands) - 2
     assert (tmp_path / "map.png").stat().st_size > 1000 and (tmp_path / "models" / "wiki" / "config.json").exists()
+
+
+NEEDS = re.compile(r"needs \[(\w+)\]")
+
+
+@pytest.mark.integration
+def test_readme_commands_on_a_base_install(tmp_path):
+    """On `pip install -e .` alone (no extras; .ci/run builds that environment and names its bin directory in
+    LEARNTOK_BASE_BIN), every README command either runs or, where its comment says "needs [EXTRA]", stops with
+    exit 2 and one line naming `learntok[EXTRA]`."""
+    import os
+    import shlex
+    import subprocess
+
+    from .conftest import SHARED_DATA, write_text_corpus
+
+    base = os.environ.get("LEARNTOK_BASE_BIN")
+    if not base:
+        pytest.skip("LEARNTOK_BASE_BIN is not set (.ci/run sets it to a base install's bin directory)")
+    exe = Path(base) / "learntok"
+    assert exe.exists(), f"{exe}: no learntok in the base install"
+    corpus = write_text_corpus(tmp_path / "DATA" / "enwiki")
+    (corpus / "test").mkdir()
+    (corpus / "test" / "0.txt").write_text((corpus / "valid" / "0.txt").read_text())
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    if (SHARED_DATA / "eval").is_dir():
+        env["LEARNTOK_EVAL_DIR"] = str(SHARED_DATA / "eval")
+
+    def learntok(args: list[str]) -> subprocess.CompletedProcess:
+        return subprocess.run([str(exe), *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+
+    assert learntok(["train", "--write-config", "run.toml", "--max-steps", "2"]).returncode == 0
+    block = README.read_text().split("## Using it", 1)[1].split("`python -m learntok", 1)[0]
+    lines = [line.strip() for line in block.splitlines() if line.strip().startswith("learntok ")]
+    refused = []
+    for line in lines:
+        cmd, _, comment = line.partition("#")
+        cmd = cmd.strip()
+        if cmd.startswith(NETWORK):
+            continue
+        if cmd.startswith("learntok compare"):
+            assert learntok(["train", "--preset", "small", "--data", "DATA/enwiki", "--out", "runs/wiki-uniform",
+                             "--boundaries", "uniform", "--max-steps", "2", "--val-bytes", "4096"]).returncode == 0
+            assert learntok(["eval", "runs/wiki-uniform", "--limit", "2", "--max-bytes", "4096"]).returncode == 0
+        res = learntok([*shlex.split(cmd)[1:], *SHORTER.get(cmd, [])])
+        extra = NEEDS.search(comment)
+        if extra and extra.group(1) not in ("hf", "hub"):  # base-installed: hf/hub commands are the network ones
+            assert res.returncode == 2, (cmd, res.stdout[-500:], res.stderr[-1500:])
+            assert res.stderr.count("\n") == 1 and f"learntok[{extra.group(1)}]" in res.stderr, (cmd, res.stderr)
+            refused.append(cmd)
+        else:
+            assert res.returncode == 0, (cmd, res.stderr[-1500:])
+    assert len(refused) == 3  # show --png, plot, report: the README says [viz]

@@ -143,17 +143,21 @@ def test_cells_use_the_last_byte_and_count_tokens():
     assert packed[1].newline and packed[1].boundary and packed[2].p == 0.3
 
 
-def test_long_text_is_mapped_in_windows_that_each_start_after_bos():
+def test_long_text_is_mapped_in_overlapping_windows():
+    """Each window after the first re-reads window // 4 bytes of context and keeps its new bytes' draws."""
     model = build_model("learned").eval()
     data = ("def f(x):\n    return x + 1  # ok\n" * 3).encode()
-    window = 16
+    window, ctx = 16, 4
     bm = compute_map(model, data, window=window, seed=3)
     gen = torch.Generator().manual_seed(3)
-    probs = []
+    probs, s = [], 0
     with torch.no_grad():
-        for s in range(0, len(data), window):
-            out = model(torch.tensor([[BOS, *data[s:s + window]]]), generator=gen).boundaries
-            probs.append(out.probs[0, 1:])
+        while s < len(data):
+            lead = 0 if s == 0 else ctx
+            end = min(len(data), s - lead + window)
+            out = model(torch.tensor([[BOS, *data[s - lead:end]]]), generator=gen).boundaries
+            probs.append(out.probs[0, 1 + lead:])
+            s = end
     np.testing.assert_allclose(bm.probs, torch.cat(probs).numpy(), atol=1e-6)
     whole, _ = model_boundaries(model, data, seed=3)  # negative control: one pass sees more context
     assert not np.allclose(bm.probs[window:], whole[window:], atol=1e-6)

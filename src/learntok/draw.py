@@ -41,26 +41,36 @@ def eval_forward(model, ids, targets=None, *, generator=None, greedy: bool = Fal
         model.train(was_training)
 
 
-def draw_text(model, data: bytes, window: int, *, seed: int = EVAL_SEED, greedy: bool = False):
-    """(probs, mask), each (len(data),) on the CPU, of `data` cut into consecutive windows of `window` bytes, each fed
-    as BOS + its bytes (context restarts at every window, as at a training sequence's start). One generator, seeded
-    once, draws the windows in turn; a strategy that annotates gets the flags of the whole text."""
+def draw_text(model, data: bytes, window: int, *, seed: int = EVAL_SEED, greedy: bool = False,
+              context: int | None = None):
+    """(probs, mask), each (len(data),) on the CPU, of `data` read in windows of `window` bytes, each fed as BOS +
+    its bytes. Every window after the first re-reads the `context` bytes before its new ones (default window // 4)
+    and keeps only the new bytes' boundaries, so a window start is not a forced boundary (with context=0 it is:
+    consecutive windows, context restarting at each). One generator, seeded once, draws the windows in turn; a
+    strategy that annotates gets the flags of the whole text."""
     import numpy as np
     import torch
 
     if window < 1:
         raise ValueError(f"window must be at least 1 byte, got {window}")
+    context = window // 4 if context is None else context
+    if not 0 <= context < window:
+        raise ValueError(f"context must be in [0, window), got {context} for window {window}")
     annotate = model.boundary.annotator
     flags_all = None if annotate is None else np.asarray(annotate(data), dtype=bool)
     dev = next(model.parameters()).device
     gen = eval_generator(dev, seed)
     probs, mask = [torch.zeros(0)], [torch.zeros(0, dtype=torch.bool)]
-    for s in range(0, len(data), window):
-        ids = torch.tensor([[BOS, *data[s:s + window]]], device=dev)  # (1,T)
+    s = 0
+    while s < len(data):
+        lead = 0 if s == 0 else context  # bytes re-read before the new ones
+        end = min(len(data), s - lead + window)
+        ids = torch.tensor([[BOS, *data[s - lead:end]]], device=dev)  # (1,T)
         flags = None
         if flags_all is not None:
-            flags = torch.from_numpy(np.concatenate([[True], flags_all[s:s + window]]))[None].to(dev)  # (1,T)
+            flags = torch.from_numpy(np.concatenate([[True], flags_all[s - lead:end]]))[None].to(dev)  # (1,T)
         out = eval_forward(model, ids, generator=gen, greedy=greedy, prescribed=flags).boundaries
-        probs.append(out.probs[0, 1:].float().cpu())  # byte i of the window is at position i + 1
-        mask.append(out.mask[0, 1:].cpu())
+        probs.append(out.probs[0, 1 + lead:].float().cpu())  # byte i of the window is at position i + 1
+        mask.append(out.mask[0, 1 + lead:].cpu())
+        s = end
     return torch.cat(probs), torch.cat(mask)

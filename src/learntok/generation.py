@@ -21,7 +21,7 @@ import torch
 from learntok.vocab import BOS, EOS
 
 
-def _prescribed(model, ids: torch.Tensor) -> torch.Tensor | None:
+def prescribed_flags(model, ids: torch.Tensor) -> torch.Tensor | None:
     """Flags of strategies that annotate text (BPE guidance), recomputed on each row's bytes so far: for the
     newest byte this is the shifted rule applied to the prefix, the only causal choice while generating."""
     annotate = model.boundary.annotator
@@ -86,7 +86,7 @@ def generate(model, prompts: list[str | bytes], max_new_bytes: int = 200, *, tem
             logits, _ = model.step(torch.tensor([s[t] for s in seqs], device=dev), state)
         else:
             ids = torch.tensor([s[: t + 1] for s in seqs], device=dev)
-            logits = model(ids, noise=noise[:, : t + 1], prescribed=_prescribed(model, ids)).logits[:, -1]
+            logits = model(ids, noise=noise[:, : t + 1], prescribed=prescribed_flags(model, ids)).logits[:, -1]
         nxt = _sample(logits.float(), temperature, top_k, top_p, gen).tolist()
         for b in range(B):
             if len(seqs[b]) > t + 1:  # still feeding the prompt

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_model
 
+from learntok import hf_files
 from learntok.boundaries import BoundaryConfig
 from learntok.card import write_model_card
 from learntok.config import CONFIG_VERSION, ModelConfig, boundary_from_dict, build, upgrade
@@ -37,14 +38,15 @@ FORMAT_VERSION = 1
 
 def save_pretrained(model, out_dir: str | Path, *, seq_len: int, source_dir: str | Path | None = None,
                     card: bool = True) -> Path:
-    """Write config.json + model.safetensors (+ the strategy's files from `source_dir`, the run directory, and
+    """Write config.json + model.safetensors (+ for byte-level models the transformers files, learntok.hf_files;
+    + the strategy's files from `source_dir`, the run directory, and
     with `card` a model card README.md from what the run recorded; learntok.card.write_model_card)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    cfg = {"format": FORMAT, "format_version": FORMAT_VERSION, "config_version": CONFIG_VERSION,
-           "learntok_version": __version__, "seq_len": seq_len,
-           "model": dataclasses.asdict(model.cfg), "boundary": dataclasses.asdict(model.bcfg)}
+    cfg = config_dict(model, seq_len)
     save_model(model, str(out / "model.safetensors"))
+    if not getattr(model, "predicts_tokens", False):
+        hf_files.write(out, seq_len)
     for name in model.boundary.artifacts():
         src = Path(source_dir or out) / name
         if src.resolve() == (out / name).resolve():
@@ -57,6 +59,17 @@ def save_pretrained(model, out_dir: str | Path, *, seq_len: int, source_dir: str
     if card:
         write_model_card(out, model, seq_len, run_dir=source_dir)
     return out
+
+
+def config_dict(model, seq_len: int) -> dict:
+    """config.json of an exported model: learntok's sections, and for byte-level models the keys that make the
+    directory a transformers model too (learntok.transformers_model)."""
+    cfg = {"format": FORMAT, "format_version": FORMAT_VERSION, "config_version": CONFIG_VERSION,
+           "learntok_version": __version__, "seq_len": seq_len,
+           "model": dataclasses.asdict(model.cfg), "boundary": dataclasses.asdict(model.bcfg)}
+    if not getattr(model, "predicts_tokens", False):
+        cfg.update(hf_files.config_keys(seq_len))
+    return cfg
 
 
 def read_config(path: Path) -> tuple[ModelConfig, BoundaryConfig, int]:

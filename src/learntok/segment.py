@@ -6,10 +6,10 @@
 
 A boundary byte *starts* a segment (a_t = 1: the token-level model reads byte t's state, which summarises the
 text up to and including it); with BPE guidance's shifted rule this gives back the BPE tokens. Texts longer
-than the model's context are cut into consecutive windows of its training length, each starting with BOS
-(a window start is then always a boundary). Boundaries are drawn the evaluation way (learntok.draw, as `learntok
-show` draws them): one sample with the evaluation seed by default (the paper's protocol); greedy=True takes
-p > 0.5. Only the forward pass is needed, no training code.
+than the model's context are read in windows of its training length, each re-reading the last quarter of the
+one before as context (learntok.draw.draw_text), so a window start is not a forced boundary. Boundaries are
+drawn the evaluation way (learntok.draw, as `learntok show` draws them): one sample with the evaluation seed by
+default (the paper's protocol); greedy=True takes p > 0.5. Only the forward pass is needed, no training code.
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ class Segmenter:
     def boundaries(self, data: bytes) -> list[bool]:
         """One flag per byte of `data`: True where a segment starts."""
         flags = draw_text(self.model, data, self.window - 1, seed=self.seed, greedy=self.greedy)[1].tolist()
-        for start in range(0, len(flags), self.window - 1):
-            flags[start] = True  # a window always starts a segment
+        if flags:
+            flags[0] = True  # the text's first byte starts a segment
         return flags
 
     def segment(self, text: str | bytes) -> list[Span]:

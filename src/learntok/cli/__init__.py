@@ -159,7 +159,8 @@ def _main(argv: list[str]) -> int:
 
 
 EXTRAS = {"matplotlib": "viz", "tensorboard": "tensorboard", "wandb": "wandb", "huggingface_hub": "hub",
-          "datasets": "hf", "pyarrow": "parquet", "lm_eval": "eval", "yaml": "yaml"}
+          "datasets": "hf", "pyarrow": "parquet", "lm_eval": "eval", "yaml": "yaml", "transformers": "transformers",
+          "accelerate": "transformers"}
 """Optional dependency (top-level module) -> the pip extra that installs it (pyproject.toml)."""
 
 

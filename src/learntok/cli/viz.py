@@ -19,8 +19,8 @@ SAMPLE_TEXT = ("The quick brown fox jumps over the lazy dog. Tokenizers split te
 """What `learntok show` maps when given no --text or --file: prose, code and multi-byte characters."""
 
 SHOW_DESCRIPTION = """The boundary map of a text: each character coloured by the model's boundary probability p (of
-its last byte), drawn boundaries marked. Texts longer than the model's input (seq_len - 1 bytes) are processed in
-consecutive windows; each starts afresh after BOS, as training sequences do.
+its last byte), drawn boundaries marked. Texts longer than the model's input (seq_len - 1 bytes) are read in
+windows that each re-read the last quarter of the one before as context (a window start is no forced boundary).
 
 examples:
   learntok show runs/tiny                                   # a built-in sample, coloured in the terminal

@@ -38,8 +38,8 @@ def describe_mode(model, seed: int, greedy: bool) -> str:
 
 def compute_map(model, data: bytes, *, window: int, seed: int = EVAL_SEED, greedy: bool = False) -> BoundaryMap:
     """The boundary map of `data` under `model`, drawn as learntok.draw.draw_text draws it: texts longer than
-    `window` bytes (use seq_len - 1, the input length the model trained on) are cut into consecutive windows, each
-    fed as BOS + its bytes, one generator (seeded once) drawing them in turn."""
+    `window` bytes (use seq_len - 1, the input length the model trained on) are read in overlapping windows, each
+    fed as BOS + a quarter window of context + its new bytes, one generator (seeded once) drawing them in turn."""
     if not data:
         raise ValueError("nothing to show: the text is empty")
     probs, mask = draw_text(model, data, window, seed=seed, greedy=greedy)
