@@ -25,7 +25,7 @@ LAYERS = (
     ("model", ("model", "checkpoint", "draw")),
     ("train", ("train",)),
     ("use", ("viz", "generation")),
-    ("share", ("card", "hf_files", "pretrained", "segment", "hub", "transformers_model")),
+    ("share", ("card", "hf_files", "pretrained", "tokenizer", "segment", "hub", "transformers_model")),
     ("evaluation", ("evaluation",)),
     ("interface", ("cli", "__main__", "__init__")),
 )

@@ -141,3 +141,12 @@ def test_segment_and_vocab_commands(tmp_path, run, text_corpus, capsys):
     assert "".join(x["text"] for x in lines) == "import os\n"
     assert main(["vocab", str(run), "--data", str(text_corpus), "--max-bytes", "2000"]) == 0
     assert "whole words" in capsys.readouterr().out
+    # a file is segmented in blocks (bounded memory); the spans equal those of the same text given whole
+    text = (text_corpus / "valid" / "0.txt").read_text()[:3000]
+    (tmp_path / "f.txt").write_text(text)
+    assert main(["segment", str(run), "--file", str(tmp_path / "f.txt"), "--format", "jsonl",
+                 "--out", str(tmp_path / "file.jsonl")]) == 0
+    assert main(["segment", str(run), "--text", text, "--format", "jsonl", "--out", str(tmp_path / "t.jsonl")]) == 0
+    assert (tmp_path / "file.jsonl").read_text() == (tmp_path / "t.jsonl").read_text()
+    assert main(["segment", str(run), "--file", str(tmp_path / "nope.txt")]) == 2
+    assert "--file" in capsys.readouterr().err

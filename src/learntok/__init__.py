@@ -4,7 +4,8 @@ from learntok.version import __version__ as __version__
 
 
 def from_pretrained(path, device="cpu"):
-    """A trained ByteLM from an exported model directory or a run directory (see learntok.pretrained)."""
+    """A trained ByteLM from an exported model directory, a run directory, a Hub id or a bundled model's name
+    ("enwiki-small") (see learntok.pretrained)."""
     from learntok.pretrained import from_pretrained as _load
 
     return _load(path, device)
@@ -28,4 +29,8 @@ def __getattr__(name):  # lazy: `learntok.Segmenter` without importing torch at 
         from learntok import segment
 
         return getattr(segment, name)
+    if name in ("LearnedTokenizer", "Encoding"):
+        from learntok import tokenizer
+
+        return getattr(tokenizer, name)
     raise AttributeError(name)

@@ -41,36 +41,134 @@ def eval_forward(model, ids, targets=None, *, generator=None, greedy: bool = Fal
         model.train(was_training)
 
 
+def windows(n: int, window: int, context: int) -> list[tuple[int, int, int]]:
+    """(first re-read byte, first new byte, end) of each window over n bytes: `window` bytes per window, every
+    window after the first re-reading the `context` bytes before its new ones."""
+    if window < 1:
+        raise ValueError(f"window must be at least 1 byte, got {window}")
+    if not 0 <= context < window:
+        raise ValueError(f"context must be in [0, window), got {context} for window {window}")
+    out, s = [], 0
+    while s < n:
+        lead = 0 if s == 0 else context
+        end = min(n, s - lead + window)
+        out.append((s - lead, s, end))
+        s = end
+    return out
+
+
+def draw_texts(model, texts: list[bytes], window: int, *, seed: int = EVAL_SEED, greedy: bool = False,
+               context: int | None = None, batch_size: int = 32):
+    """[(probs, mask)] per text, each (len(text),) on the CPU: boundaries drawn the evaluation way through the
+    encoder and the strategy only (the token level and decoder are not needed to place boundaries).
+
+    A text is read in windows of `window` bytes, each fed as BOS + its bytes; every window after the first
+    re-reads the `context` bytes before its new ones (default window // 4) and keeps only the new bytes'
+    boundaries, so a window start is not a forced boundary (with context=0 it is: consecutive windows, context
+    restarting at each). Each text has its own generator seeded with `seed`, drawing its windows' uniforms in
+    turn, so a text's boundaries do not depend on the other texts of the batch; windows of all texts run
+    `batch_size` at a time (right-padded: no position reads a later one). A strategy that annotates gets the
+    flags of the whole text."""
+    import torch
+
+    context = window // 4 if context is None else context
+    jobs = (job for i, data in enumerate(texts) for job in _text_jobs(model, i, data, window, seed, greedy, context))
+    probs = [[torch.zeros(0)] for _ in texts]
+    mask = [[torch.zeros(0, dtype=torch.bool)] for _ in texts]
+    for i, p, m in _run(model, jobs, batch_size):
+        probs[i].append(p)
+        mask[i].append(m)
+    return [(torch.cat(p), torch.cat(m)) for p, m in zip(probs, mask)]
+
+
 def draw_text(model, data: bytes, window: int, *, seed: int = EVAL_SEED, greedy: bool = False,
               context: int | None = None):
-    """(probs, mask), each (len(data),) on the CPU, of `data` read in windows of `window` bytes, each fed as BOS +
-    its bytes. Every window after the first re-reads the `context` bytes before its new ones (default window // 4)
-    and keeps only the new bytes' boundaries, so a window start is not a forced boundary (with context=0 it is:
-    consecutive windows, context restarting at each). One generator, seeded once, draws the windows in turn; a
-    strategy that annotates gets the flags of the whole text."""
+    """(probs, mask) of one text, as `draw_texts` draws it."""
+    return draw_texts(model, [data], window, seed=seed, greedy=greedy, context=context)[0]
+
+
+def draw_stream(model, blocks, window: int, *, seed: int = EVAL_SEED, greedy: bool = False,
+                context: int | None = None, batch_size: int = 32):
+    """The boundary flags of one long text given as an iterable of byte blocks (a file read piece by piece),
+    yielded as (mask,) chunks in order: the same flags `draw_text` gives for the whole text, in memory bounded
+    by the block size and batch_size windows. Strategies that annotate need the whole text (use draw_text)."""
+    import torch
+
+    if model.boundary.annotator is not None:
+        raise ValueError("streaming needs a strategy that does not annotate the whole text (bpe does): segment "
+                         "the text in one piece")
+    context = window // 4 if context is None else context
+    greedy = greedy or getattr(model.bcfg, "eval_boundaries", "sample") == "greedy"
+
+    def jobs():
+        gen = torch.Generator().manual_seed(seed)
+        buf, pos, s = b"", 0, 0  # buf holds the text from offset pos; s: the next window's first new byte
+        blocks_it = iter(blocks)
+        done = False
+        while True:
+            lead = 0 if s == 0 else context
+            while not done and len(buf) - (s - pos) < window - lead + 1:  # need the window and one byte more
+                nxt = next(blocks_it, None)
+                if nxt is None:
+                    done = True
+                else:
+                    buf += bytes(nxt)
+            n_avail = pos + len(buf)
+            if s >= n_avail:
+                return
+            end = min(n_avail, s - lead + window)
+            chunk = buf[s - lead - pos:end - pos]
+            u = torch.full((len(chunk) + 1,), 0.5) if greedy else torch.rand((1, len(chunk) + 1), generator=gen)[0]
+            yield 0, chunk, lead, u, None
+            drop = max(0, end - context - pos)  # keep the next window's context
+            buf, pos, s = buf[drop:], pos + drop, end
+
+    for _, _, m in _run(model, jobs(), batch_size):
+        yield m
+
+
+def _text_jobs(model, key, data: bytes, window: int, seed: int, greedy: bool, context: int):
+    """The windows of one text as jobs (key, window bytes, re-read bytes, uniforms, flags or None)."""
     import numpy as np
     import torch
 
-    if window < 1:
-        raise ValueError(f"window must be at least 1 byte, got {window}")
-    context = window // 4 if context is None else context
-    if not 0 <= context < window:
-        raise ValueError(f"context must be in [0, window), got {context} for window {window}")
+    greedy = greedy or getattr(model.bcfg, "eval_boundaries", "sample") == "greedy"
+    gen = torch.Generator().manual_seed(seed)  # on the CPU: the same draws on any device
     annotate = model.boundary.annotator
     flags_all = None if annotate is None else np.asarray(annotate(data), dtype=bool)
+    for a, s, e in windows(len(data), window, context):
+        u = torch.full((e - a + 1,), 0.5) if greedy else torch.rand((1, e - a + 1), generator=gen)[0]
+        yield key, data[a:e], s - a, u, None if flags_all is None else np.concatenate([[True], flags_all[a:e]])
+
+
+def _run(model, jobs, batch_size: int):
+    """(key, probs, mask) of each job's new bytes, in order, running `batch_size` windows per encoder pass."""
+    import itertools
+
+    import torch
+
+    from learntok.vocab import PAD
+
     dev = next(model.parameters()).device
-    gen = eval_generator(dev, seed)
-    probs, mask = [torch.zeros(0)], [torch.zeros(0, dtype=torch.bool)]
-    s = 0
-    while s < len(data):
-        lead = 0 if s == 0 else context  # bytes re-read before the new ones
-        end = min(len(data), s - lead + window)
-        ids = torch.tensor([[BOS, *data[s - lead:end]]], device=dev)  # (1,T)
-        flags = None
-        if flags_all is not None:
-            flags = torch.from_numpy(np.concatenate([[True], flags_all[s - lead:end]]))[None].to(dev)  # (1,T)
-        out = eval_forward(model, ids, generator=gen, greedy=greedy, prescribed=flags).boundaries
-        probs.append(out.probs[0, 1 + lead:].float().cpu())  # byte i of the window is at position i + 1
-        mask.append(out.mask[0, 1 + lead:].cpu())
-        s = end
-    return torch.cat(probs), torch.cat(mask)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            it = iter(jobs)
+            while chunk := list(itertools.islice(it, batch_size)):
+                T = max(len(w) for _, w, _, _, _ in chunk) + 1
+                ids = torch.full((len(chunk), T), PAD, dtype=torch.long)
+                noise = torch.full((len(chunk), T), 0.5)
+                annotated = chunk[0][4] is not None
+                pres = torch.ones(len(chunk), T, dtype=torch.bool) if annotated else None
+                for r, (_, w, _, u, flags) in enumerate(chunk):
+                    ids[r, : len(w) + 1] = torch.tensor([BOS, *w])
+                    noise[r, : len(w) + 1] = u
+                    if annotated:
+                        pres[r, : len(w) + 1] = torch.from_numpy(flags)
+                _, out = model._propose(ids.to(dev), noise.to(dev), None, None if pres is None else pres.to(dev))
+                for r, (key, w, lead, _, _) in enumerate(chunk):
+                    keep = slice(1 + lead, 1 + len(w))  # byte j of the window is at position j + 1
+                    yield key, out.probs[r, keep].float().cpu(), out.mask[r, keep].cpu()
+    finally:
+        model.train(was_training)

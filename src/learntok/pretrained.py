@@ -5,7 +5,8 @@ tokenizer, + a model card README.md), loadable without training code, optimizer 
     learntok.save_pretrained(model, "out/copy", seq_len=512)
 
 `load(spec)` is what every command uses: a run directory (its newest intact checkpoint), a checkpoint directory
-run/step_N, an exported directory, or a Hugging Face Hub id (`user/name[@revision]`, `download`ed into the Hub's
+run/step_N, an exported directory, a bundled model's name (`enwiki-small`, shipped in the package), or a Hugging
+Face Hub id (`user/name[@revision]`, `download`ed into the Hub's
 cache through huggingface_hub.snapshot_download, so its tokens and environment variables apply, or read from the
 cache only with HF_HUB_OFFLINE=1; learntok.hub pushes). It reads the weights only. Loading is strict:
 another format version, a missing or an unknown tensor, or an unknown config key is an error naming the problem,
@@ -146,6 +147,23 @@ def is_pretrained_dir(path: Path) -> bool:
         return False
 
 
+BUNDLED = ("enwiki-small",)
+"""Models shipped inside the package (src/learntok/models/NAME, trained by experiments/bundled/run.py), loaded by
+NAME or learntok/NAME with no network."""
+
+
+def bundled(name: str) -> Path | None:
+    """The directory of a bundled model named `name` (or `learntok/name`), or None."""
+    name = name.removeprefix("learntok/")
+    if name not in BUNDLED:
+        return None
+    path = Path(__file__).resolve().parent / "models" / name
+    if not is_pretrained_dir(path):
+        raise FileNotFoundError(f"{name}: the bundled model is missing from this installation ({path}); "
+                                "rebuild it with experiments/bundled/run.py")
+    return path
+
+
 def resolve(spec: str | Path) -> tuple[Path, str | None]:
     """(a local directory, the Hub id it came from or None): `spec` itself if it exists, else a Hub id's
     snapshot."""
@@ -159,6 +177,8 @@ def resolve(spec: str | Path) -> tuple[Path, str | None]:
         near = sorted(p.name for p in path.parent.iterdir() if p.is_dir())[:8]
         raise FileNotFoundError(f"{spec}: no such directory ({path.parent} has: {', '.join(near) or 'nothing'}; "
                                 "a Hub id USER/NAME is tried only when no local directory USER exists)")
+    if (here := bundled(text)) is not None:
+        return here, None
     if HUB_ID.match(text) and not text.startswith("."):
         repo, _, revision = text.partition("@")
         return download(repo, revision or None), text

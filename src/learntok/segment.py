@@ -18,7 +18,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from learntok.draw import EVAL_SEED, draw_text
+from learntok.draw import EVAL_SEED
 
 
 @dataclass(frozen=True)
@@ -32,10 +32,14 @@ class Span:
 
 
 class Segmenter:
+    """Spans of a text under a model's boundaries (learntok.tokenizer.LearnedTokenizer gives the same
+    segmentation with a tokenizer's interface)."""
+
     def __init__(self, model, *, greedy: bool = False, seed: int = EVAL_SEED, window: int | None = None):
-        self.model = model.eval()
-        self.greedy, self.seed = greedy, seed
-        self.window = window or getattr(model, "seq_len", 512)
+        from learntok.tokenizer import LearnedTokenizer
+
+        self.tokenizer = LearnedTokenizer(model, greedy=greedy, seed=seed, window=window)
+        self.model, self.greedy, self.seed, self.window = self.tokenizer.model, greedy, seed, self.tokenizer.window
 
     @classmethod
     def from_pretrained(cls, path: str | Path, **kw) -> Segmenter:
@@ -45,22 +49,16 @@ class Segmenter:
 
     def boundaries(self, data: bytes) -> list[bool]:
         """One flag per byte of `data`: True where a segment starts."""
-        flags = draw_text(self.model, data, self.window - 1, seed=self.seed, greedy=self.greedy)[1].tolist()
-        if flags:
-            flags[0] = True  # the text's first byte starts a segment
-        return flags
+        return self.tokenizer.encode(bytes(data)).boundaries
 
     def segment(self, text: str | bytes) -> list[Span]:
-        data = text.encode() if isinstance(text, str) else text
-        if not data:
-            return []
-        flags = self.boundaries(data)
-        flags[0] = True
-        starts = [i for i, f in enumerate(flags) if f] + [len(data)]
-        return [Span(a, b, data[a:b].decode("utf-8", errors="replace")) for a, b in zip(starts, starts[1:])]
+        return self.segment_batch([text])[0]
 
     def segment_batch(self, texts: list[str | bytes]) -> list[list[Span]]:
-        return [self.segment(t) for t in texts]
+        """Each text's spans; windows of all texts run through the model together."""
+        data = [t.encode() if isinstance(t, str) else bytes(t) for t in texts]
+        return [[Span(s, e, tok) for (s, e), tok in zip(enc.byte_offsets, enc.tokens)]
+                for enc in self.tokenizer.encode_batch(data)]
 
 
 def vocab_stats(docs: list[bytes], spans_per_doc: list[list[Span]], top: int = 30) -> dict:

@@ -24,20 +24,26 @@ def read_input(text: str | None, file: str | None, default: bytes | None = None)
         return default
     if file is None or file == "-":
         return sys.stdin.buffer.read()
+    return input_path(file).read_bytes()
+
+
+def input_path(file: str) -> Path:
+    """--file's path, or a one-line error for a missing path or one that is not a regular file."""
     path = Path(file)
     if not path.exists():
         raise FileNotFoundError(f"--file {file}: no such file")
     if not path.is_file():
         raise UsageError(f"--file {file}: not a regular file")
-    return path.read_bytes()
+    return path
 
 
 @dataclass(frozen=True, kw_only=True)
 class GenerateArgs:
     """Continue prompts, streaming bytes as they are produced (cached at the byte and token levels)."""
 
-    checkpoint: Annotated[str, tyro.conf.Positional]
-    """Run, checkpoint or exported model directory, or Hugging Face Hub id user/name."""
+    checkpoint: Annotated[str, tyro.conf.Positional] = "enwiki-small"
+    """Run, checkpoint or exported model directory, Hugging Face Hub id user/name, or a bundled model (enwiki-small
+    ships with learntok)."""
     prompt: Annotated[tuple[str, ...], tyro.conf.UseAppendAction]
     """A prompt; repeat the flag for a batch (then each output is printed as a JSON line)."""
     max_new_bytes: int = 200
@@ -90,8 +96,9 @@ def cmd_generate(argv: list[str]) -> int:
 class SegmentArgs:
     """Segment text with a model's learned boundaries (a boundary byte starts a segment)."""
 
-    checkpoint: Annotated[str, tyro.conf.Positional]
-    """Run, checkpoint or exported model directory, or Hugging Face Hub id user/name."""
+    checkpoint: Annotated[str, tyro.conf.Positional] = "enwiki-small"
+    """Run, checkpoint or exported model directory, Hugging Face Hub id user/name, or a bundled model (enwiki-small
+    ships with learntok)."""
     text: str | None = None
     """The text to segment (default: standard input)."""
     file: str | None = None
@@ -110,19 +117,42 @@ class SegmentArgs:
 
 def cmd_segment(argv: list[str]) -> int:
     a = parse(SegmentArgs, argv, "learntok segment", SegmentArgs.__doc__ or "")
-    data = read_input(a.text, a.file)
-    from learntok.segment import Segmenter
+    from learntok.tokenizer import LearnedTokenizer
 
-    spans = Segmenter.from_pretrained(a.checkpoint, greedy=a.greedy, seed=a.seed).segment(data)
-    if a.format == "jsonl":
-        text = "".join(json.dumps({"start": s.start, "end": s.end, "text": s.text}) + "\n" for s in spans)
-    else:
-        text = a.sep.join(s.text for s in spans) + "\n"
-    if a.out:
-        Path(a.out).write_text(text)
-    else:
-        sys.stdout.write(text)
+    streamed = a.file not in (None, "-") and a.text is None  # a file: read in blocks, in bounded memory
+    data = b"" if streamed else read_input(a.text, a.file)
+    path = input_path(a.file) if streamed else None
+    tok = LearnedTokenizer.from_pretrained(a.checkpoint, greedy=a.greedy, seed=a.seed)
+    spans = tok.stream_spans(_blocks(path)) if streamed else \
+        ((s, e, data[s:e]) for s, e in tok.encode(data).byte_offsets)
+    out = open(a.out, "w", encoding="utf-8") if a.out else sys.stdout  # noqa: SIM115 (closed below)
+    try:
+        first = True
+        for s, e, piece in spans:
+            text = piece.decode("utf-8", errors="replace")
+            if a.format == "jsonl":
+                out.write(json.dumps({"start": s, "end": e, "text": text}) + "\n")
+            else:
+                out.write(("" if first else a.sep) + text)
+            first = False
+        if a.format == "text":
+            out.write("\n")
+    finally:
+        if a.out:
+            out.close()
     return 0
+
+
+def _blocks(path: Path, size: int = 1 << 20):
+    """A file's bytes in blocks, with a progress bar on a terminal for files over 4 MB."""
+    from tqdm import tqdm
+
+    total = path.stat().st_size
+    with open(path, "rb") as f, tqdm(total=total, unit="B", unit_scale=True, desc="segment",
+                                     disable=None if total > 4 << 20 else True) as bar:
+        while block := f.read(size):
+            bar.update(len(block))
+            yield block
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -130,8 +160,9 @@ class VocabArgs:
     """Statistics of the learned segments over a corpus: most frequent segments, mean length, share of whole
     words."""
 
-    checkpoint: Annotated[str, tyro.conf.Positional]
-    """Run, checkpoint or exported model directory, or Hugging Face Hub id user/name."""
+    checkpoint: Annotated[str, tyro.conf.Positional] = "enwiki-small"
+    """Run, checkpoint or exported model directory, Hugging Face Hub id user/name, or a bundled model (enwiki-small
+    ships with learntok)."""
     data: str
     """Any data spec `learntok train --data` accepts."""
     text_field: str = "text"
