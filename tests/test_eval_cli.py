@@ -134,7 +134,8 @@ def test_eval_modes_splits_and_data(runs, corpus, tmp_path, capsys):
                      "--out", str(tmp_path / "w.json")]) == 0
     w = read_eval(tmp_path / "w.json")
     assert w["boundary_stats"]["agreement"]["whitespace"]["f1"] == 1.0 and "prescribed" in w["mode"]["description"]
-    capsys.readouterr()
+    assert w["stability"]["shift"]["flip_rate"] == 0  # a rule on the bytes does not move with the text start
+    assert "boundary stability" in capsys.readouterr().out
 
 
 def test_eval_errors(runs, tmp_path):

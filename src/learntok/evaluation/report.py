@@ -17,6 +17,7 @@ import torch
 from learntok.data import ByteSequences, Corpus, is_prepared, iter_documents, load_split, val_batches_with_flags
 from learntok.evaluation.bpb import BoundaryMode, check_mode, heldout_bpb
 from learntok.evaluation.diagnostics import boundary_diagnostics
+from learntok.evaluation.stability import format_stability, stability
 from learntok.evaluation.stats import BoundaryStats
 from learntok.evaluation.tasks import TASKS, format_metric, read_task, resolve_tasks, score_task
 
@@ -101,7 +102,7 @@ def evaluate_model(cfg, model, opts: EvalConfig, log: Callable[[str], None] = pr
                     "mode": {"mode": bm.mode, "samples": bm.draws, "seed": bm.seed,
                              "description": check_mode(model, bm)},
                     "limit": opts.limit, "tasks": {}, "heldout": None, "boundary_stats": None, "flops": None,
-                    "diagnostics": None}
+                    "diagnostics": None, "stability": None}
     window = cfg.data.seq_len
     for name, path in resolve_tasks(opts.tasks, opts.task_dir):
         t = time.perf_counter()
@@ -121,6 +122,8 @@ def evaluate_model(cfg, model, opts: EvalConfig, log: Callable[[str], None] = pr
         if opts.bpe_tokenizer:
             refs["bpe"] = ByteSequences(docs, dc.seq_len, dc.pack, name="bpe reference",
                                         annotate=_bpe_reference(opts.bpe_tokenizer))
+        if not getattr(model, "predicts_tokens", False):
+            report["stability"] = stability(model, docs, dc.seq_len - 1)
         del docs
         max_bytes = opts.max_bytes if not opts.limit else min(opts.max_bytes or 1 << 62, opts.limit * dc.seq_len)
         stats = BoundaryStats()
@@ -172,7 +175,7 @@ def merge_eval(old: dict | None, new: dict) -> dict:
     if not old or any(old.get(k) != new.get(k) for k in SAME_EVAL):
         return new
     merged = {**new, "tasks": {**old.get("tasks", {}), **new.get("tasks", {})}}
-    for k in ("heldout", "boundary_stats", "flops", "diagnostics"):
+    for k in ("heldout", "boundary_stats", "flops", "diagnostics", "stability"):
         if merged.get(k) is None and old.get(k) is not None:
             merged[k] = old[k]
     return merged
@@ -251,6 +254,9 @@ def format_report(report: dict, title: str = "") -> str:
                   f"rate {d['rate']:.3f}",
                   f"  vs SpaceByte F1 {_f(d['spacebyte_f1'])} (chance {_f(d['spacebyte_f1_chance'])}), one byte later "
                   f"(word starts) F1 {_f(d['wordstart_f1'])}"]
+    st = report.get("stability")
+    if st:
+        lines += ["", format_stability(st)]
     f = report.get("flops")
     if f:
         lines += ["", f"inference FLOPs per byte {f['per_byte']:.4g} = 2 x {f['byte_params']:,} byte-level + "
