@@ -39,6 +39,9 @@ class EvalArgs:
     """Examples per task and held-out sequences, for a quick look (0 = all)."""
     heldout: bool = True
     """Held-out BPB and boundary statistics (--no-heldout skips them)."""
+    robustness: bool = False
+    """Also character-level robustness on the held-out text: CUTE-style tasks (spell, insert, delete, ...) and
+    BPB of text with 1-10 % random byte edits (learntok.evaluation.robustness)."""
     boundaries_mode: Literal["sample", "greedy", "average"] = "sample"
     """Boundaries at evaluation: one sample with --seed (the paper), greedy (p > 0.5), or --samples draws averaged
     in probability space."""
@@ -85,7 +88,7 @@ def cmd_eval(argv: list[str]) -> int:
     mode = BoundaryMode(a.boundaries_mode, a.samples if a.boundaries_mode == "average" else 1, a.seed)
     opts = EvalConfig(data=a.data, split=a.split, tasks=a.tasks, task_dir=a.task_dir, limit=a.limit, mode=mode,
                       batch_size=a.batch_size, max_bytes=a.max_bytes, bpe_tokenizer=a.bpe_tokenizer,
-                      heldout=a.heldout, progress=a.progress)
+                      heldout=a.heldout, robustness=a.robustness, progress=a.progress)
     loaded = load(a.checkpoint, resolve_device(a.device))
     if loaded.cfg is None and a.heldout and a.data is None:
         raise UsageError(f"{a.checkpoint} is an exported model, not a training run, so it has no held-out split: "

@@ -17,6 +17,7 @@ import torch
 from learntok.data import ByteSequences, Corpus, is_prepared, iter_documents, load_split, val_batches_with_flags
 from learntok.evaluation.bpb import BoundaryMode, check_mode, heldout_bpb
 from learntok.evaluation.diagnostics import boundary_diagnostics
+from learntok.evaluation.robustness import format_robustness, robustness
 from learntok.evaluation.stability import format_stability, stability
 from learntok.evaluation.stats import BoundaryStats
 from learntok.evaluation.tasks import TASKS, format_metric, read_task, resolve_tasks, score_task
@@ -48,6 +49,8 @@ class EvalConfig:
     bpe_tokenizer: str | None = None
     """tokenizer.json of a byte-level BPE to compare boundaries with."""
     heldout: bool = True
+    robustness: bool = False
+    """CUTE-style tasks and noised-text BPB on the held-out documents (learntok.evaluation.robustness)."""
     progress: bool = True
 
 
@@ -102,7 +105,7 @@ def evaluate_model(cfg, model, opts: EvalConfig, log: Callable[[str], None] = pr
                     "mode": {"mode": bm.mode, "samples": bm.draws, "seed": bm.seed,
                              "description": check_mode(model, bm)},
                     "limit": opts.limit, "tasks": {}, "heldout": None, "boundary_stats": None, "flops": None,
-                    "diagnostics": None, "stability": None}
+                    "diagnostics": None, "stability": None, "robustness": None}
     window = cfg.data.seq_len
     for name, path in resolve_tasks(opts.tasks, opts.task_dir):
         t = time.perf_counter()
@@ -124,6 +127,11 @@ def evaluate_model(cfg, model, opts: EvalConfig, log: Callable[[str], None] = pr
                                         annotate=_bpe_reference(opts.bpe_tokenizer))
         if not getattr(model, "predicts_tokens", False):
             report["stability"] = stability(model, docs, dc.seq_len - 1)
+        if opts.robustness:
+            n = opts.limit or 200
+            report["robustness"] = robustness(model, docs, dc.seq_len, bm, n=n, batch_size=opts.batch_size)
+            log(f"robustness: {len(report['robustness']['cute'])} CUTE-style tasks, noised text at "
+                f"{len(report['robustness']['noise']['rates'])} rates")
         del docs
         max_bytes = opts.max_bytes if not opts.limit else min(opts.max_bytes or 1 << 62, opts.limit * dc.seq_len)
         stats = BoundaryStats()
@@ -175,7 +183,7 @@ def merge_eval(old: dict | None, new: dict) -> dict:
     if not old or any(old.get(k) != new.get(k) for k in SAME_EVAL):
         return new
     merged = {**new, "tasks": {**old.get("tasks", {}), **new.get("tasks", {})}}
-    for k in ("heldout", "boundary_stats", "flops", "diagnostics", "stability"):
+    for k in ("heldout", "boundary_stats", "flops", "diagnostics", "stability", "robustness"):
         if merged.get(k) is None and old.get(k) is not None:
             merged[k] = old[k]
     return merged
@@ -257,6 +265,9 @@ def format_report(report: dict, title: str = "") -> str:
     st = report.get("stability")
     if st:
         lines += ["", format_stability(st)]
+    rb = report.get("robustness")
+    if rb:
+        lines += ["", format_robustness(rb)]
     f = report.get("flops")
     if f:
         lines += ["", f"inference FLOPs per byte {f['per_byte']:.4g} = 2 x {f['byte_params']:,} byte-level + "

@@ -161,8 +161,9 @@ def _metric(d: dict, key: str, values) -> None:
 
 
 def score_task(model, name: str, examples: list[Example], window: int, bm: BoundaryMode, *, batch_size: int = 16,
-               progress: bool = False) -> dict:
-    """Metrics of one task (see the module docstring); every mean has its standard error over examples."""
+               progress: bool = False, kind: str | None = None) -> dict:
+    """Metrics of one task (see the module docstring); every mean has its standard error over examples. `kind`
+    (choice | lambada) defaults to the named task's; generated tasks (learntok.evaluation.robustness) give it."""
     pairs, keys, owner = [], [], []
     for i, ex in enumerate(examples):
         for c in ex.choices:
@@ -171,7 +172,7 @@ def score_task(model, name: str, examples: list[Example], window: int, bm: Bound
             owner.append(i)
     scores = score_pairs(model, pairs, keys, window, bm, batch_size=batch_size, progress=progress, desc=name)
     res: dict = {"n": len(examples), "truncated": sum(s.truncated for s in scores)}
-    if TASKS[name].kind == "choice":
+    if (kind or TASKS[name].kind) == "choice":
         per: list[list] = [[] for _ in examples]
         for i, s in zip(owner, scores):
             per[i].append(s)
