@@ -1,0 +1,120 @@
+"""Character-level robustness of learned boundaries against fixed patches and a BPE transformer
+(docs/results.md, "Character-level robustness").
+
+    python experiments/robustness/run.py run --data ../shared/data/text/enwiki [--threads 1]
+    python experiments/robustness/run.py table
+
+Arms, one seed each, at the training FLOPs of 2.4e7 bytes of `uniform` (the headline budget): `uniform` and
+`bpe-lm` trained here (experiments/arms.py, resumable), and the learned model shipped in the package
+(`enwiki-small`: the `learned-w1-vb` arm at 2.4e7 bytes, whose rate drift spends 1-3 % more FLOPs). Each is
+evaluated with `learntok eval RUN --tasks none --split test --robustness` (seven CUTE-style tasks of 200 examples
+from test-split words, and test-split BPB under 1-10 % byte edits: learntok.evaluation.robustness). One record per
+arm in experiments/robustness/records.jsonl. One seed: the intervals are standard errors over examples, not over
+training seeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import arms  # noqa: E402
+
+from learntok import records  # noqa: E402
+
+RECORDS = Path(__file__).with_name("records.jsonl")
+BUDGET = 2.4e7
+RATE = 0.2
+EVAL = ["--tasks", "none", "--split", "test", "--robustness", "--no-progress"]
+
+
+def evaluate(run: str, out: Path, data: Path) -> dict:
+    extra = ["--data", str(data / "test.jsonl.xz")] if not Path(run).exists() else []
+    subprocess.run([sys.executable, "-m", "learntok", "eval", run, *EVAL, *extra, "--out", str(out)], check=True,
+                   stdout=subprocess.DEVNULL)
+    rep = json.loads(out.read_text())
+    return {"robustness": rep["robustness"], "heldout": {k: rep["heldout"][k] for k in ("bpb", "bpb_se", "bytes")},
+            "eval_command": f"learntok eval {run} {' '.join(EVAL + extra)}"}
+
+
+def run(data: Path, out: Path, threads: int | None) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    have = {r["arm"] for r in records.load(RECORDS)} if RECORDS.exists() else set()
+    for name in ("uniform", "bpe-lm"):
+        if name in have:
+            continue
+        rundir = out / f"{name}-seed0"
+        fpb = arms.flops_per_byte(name, arms.RATE_FREE.get(name) or RATE)
+        res = arms.train_arm(rundir, data, name, rate=RATE, seed=0,
+                             max_bytes=BUDGET * arms.flops_per_byte("uniform", RATE) / fpb)
+        command, prov = res.pop("command"), res.pop("provenance")
+        res.pop("curve")
+        ev = evaluate(str(rundir), out / f"{name}-eval.json", data)
+        rec = records.make("robustness", name, 0, command=command, prov=prov, flags=arms.arm_flags(name, RATE),
+                           budget_bytes=BUDGET, **res, **ev)
+        records.append(RECORDS, rec)
+        print(f"{name}: test BPB {ev['heldout']['bpb']:.4f}", flush=True)
+    if "enwiki-small" not in have:
+        from learntok.pretrained import bundled, read_config
+
+        path = bundled("enwiki-small")
+        res = evaluate("enwiki-small", out / "enwiki-small-eval.json", data)
+        rec = records.make("robustness", "enwiki-small", 0, command="(the bundled model: experiments/bundled/run.py)",
+                           prov=records.provenance(), bundled=str(path.name),
+                           config={"boundary": read_config(path)[1].__dict__}, **res)
+        records.append(RECORDS, rec)
+        print(f"enwiki-small: test BPB {res['heldout']['bpb']:.4f}", flush=True)
+
+
+def table(path: Path = RECORDS) -> str:
+    """Gold-answer BPB and accuracy per task and arm, then BPB under byte noise (markdown)."""
+    recs = {r["arm"]: r for r in records.load(path)}
+    names = [n for n in ("enwiki-small", "uniform", "bpe-lm") if n in recs]
+    label = {"enwiki-small": "learned (enwiki-small)", "uniform": "uniform (5-byte patches)",
+             "bpe-lm": "BPE transformer"}
+    tasks = list(next(iter(recs.values()))["robustness"]["cute"])
+    lines = ["| task (chance) | " + " | ".join(label[n] for n in names) + " |", "|---|" + "---|" * len(names)]
+    for t in tasks:
+        chance = recs[names[0]]["robustness"]["cute"][t]["chance"]
+        cells = []
+        for n in names:
+            c = recs[n]["robustness"]["cute"][t]
+            cells.append(f"{c['bpb']:.3f} ± {c['bpb_se']:.3f} BPB; acc {c['acc']:.2f} ± {c['acc_se']:.2f}")
+        lines.append(f"| {t} ({chance:.2f}) | " + " | ".join(cells) + " |")
+    lines.append("| test BPB (clean, whole split) | " + " | ".join(
+        f"{recs[n]['heldout']['bpb']:.4f} ± {recs[n]['heldout']['bpb_se']:.4f}" for n in names) + " |")
+    noise = recs[names[0]]["robustness"]["noise"]
+    lines.append(f"| BPB, clean (first {noise['bytes']:,} test bytes) | " + " | ".join(
+        f"{recs[n]['robustness']['noise']['clean_bpb']:.4f}" for n in names) + " |")
+    for k in noise["rates"]:
+        lines.append(f"| + {float(k):.0%} byte edits (difference) | " + " | ".join(
+            f"{recs[n]['robustness']['noise']['rates'][k]['bpb']:.4f} "
+            f"({recs[n]['robustness']['noise']['rates'][k]['delta']:+.4f})" for n in names) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--data", type=Path, default=Path("../shared/data/text/enwiki"))
+    r.add_argument("--out", type=Path, default=Path("runs/robustness"))
+    r.add_argument("--threads", type=int, default=None)
+    sub.add_parser("table")
+    args = ap.parse_args()
+    if args.cmd == "table":
+        return print(table())
+    if args.threads:
+        import os
+
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)  # the training and evaluation subprocesses
+    run(args.data, args.out, args.threads)
+
+
+if __name__ == "__main__":
+    main()
