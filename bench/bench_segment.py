@@ -7,7 +7,8 @@ The text is the first --mb MB of English Wikipedia's train split (../shared/data
 the BPE (4,096 tokens, as the `bpe-lm` baseline) is trained on the 5 MB after it, outside the timing. Each side
 encodes the whole text as a batch of documents (`LearnedTokenizer.encode_batch`, windows of all documents run
 --batch-size at a time through the encoder and the policy; `Tokenizer.encode_batch`, parallel over documents),
-best of --repeat runs. Prints bytes/s of each and their ratio; both use --threads cores.
+best of --repeat runs. Prints bytes/s of each and their ratio; both use --threads cores. --record FILE appends the
+result as a record (bench/records-segment.jsonl holds the figures docs/tokenizer.md shows).
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--greedy", action="store_true")
+    ap.add_argument("--record", type=Path, default=None, help="append the result as a record (learntok.records)")
     args = ap.parse_args()
     os.environ["RAYON_NUM_THREADS"] = str(args.threads)  # before tokenizers starts its thread pool
     import torch
@@ -81,6 +83,17 @@ def main() -> None:
     print(f"learntok {args.model} ({'greedy' if args.greedy else 'sampled'}, batch {args.batch_size}): "
           f"{nbytes / t_learned / 1e6:8.2f} MB/s  ({nbytes / n_learned:.2f} bytes/token)")
     print(f"ratio (BPE / learned time): {t_learned / t_bpe:.1f}x")
+    if args.record:
+        import sys
+
+        from learntok import records
+
+        rec = records.make("segment-speed", args.model, 0, prov=records.provenance(),
+                           command="python bench/bench_segment.py " + " ".join(sys.argv[1:]),
+                           bytes=nbytes, documents=len(docs), threads=args.threads, batch_size=args.batch_size,
+                           greedy=args.greedy, repeat=args.repeat,
+                           bpe={"seconds": t_bpe, "tokens": n_bpe}, learned={"seconds": t_learned, "tokens": n_learned})
+        records.append(args.record, rec)
 
 
 if __name__ == "__main__":

@@ -91,7 +91,8 @@ def train_arm(run: Path, data: Path, name: str, *, rate: float, seed: int, max_b
     evals = load_metrics(run).evals
     final = evals[-1]
     config, prov = records.run_provenance(run)
-    return {"bytes": final["bytes"], "flops": final["flops"], "train_seconds": final["time"],
+    more = {k: final[k] for k in ("flops_padded", "flops_total") if k in final}  # learntok.model.flops
+    return {"bytes": final["bytes"], "flops": final["flops"], **more, "train_seconds": final["time"],
             "wall_seconds": time.time() - t0, "command": "learntok " + " ".join(fresh), "config": config,
             "provenance": prov, "curve": [[r["bytes"], r["flops"], r["time"], r["val/bpb"]] for r in evals]}
 

@@ -26,7 +26,7 @@ ROOT = HERE.parent
 from learntok import records  # noqa: E402
 from learntok.evaluation.stats import paired_interval  # noqa: E402
 
-DOCS = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
+DOCS = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "bench" / "README.md")
 BLOCK = re.compile(r"(<!-- generated: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- end: (?P=name) -->)", re.S)
 
 
@@ -263,7 +263,49 @@ def readme_summary() -> str:
     return "\n".join(textwrap.fill(x, 115, subsequent_indent="  ", break_on_hyphens=False) for x in out) + "\n"
 
 
-BLOCKS = {"default-run": default_run, "headline": headline, "rate-control": rate_control,
+def segment_speed() -> str:
+    """bench/bench_segment.py's records: MB/s of the learned tokenizer and a tokenizers BPE, same text and run."""
+    lines = ["| model | boundaries | threads | batch | text | tokenizers BPE (4096) | learned | BPE faster by | "
+             "bytes/token (BPE; learned) | code | machine |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in records.load(ROOT / "bench" / "records-segment.jsonl"):
+        mb = r["bytes"] / 1e6
+        lines.append(f"| {r['arm']} | {'greedy' if r['greedy'] else 'sampled'} | {r['threads']} | {r['batch_size']} | "
+                     f"{mb:.1f} MB, {r['documents']} docs | {mb / r['bpe']['seconds']:.2f} MB/s | "
+                     f"{mb / r['learned']['seconds']:.3f} MB/s | "
+                     f"{r['learned']['seconds'] / r['bpe']['seconds']:.1f}× | "
+                     f"{r['bytes'] / r['bpe']['tokens']:.2f}; {r['bytes'] / r['learned']['tokens']:.2f} | "
+                     f"`{(r['provenance'].get('git_sha') or '?')[:9]}` | {r['provenance'].get('cpu', '?')} |")
+    return "\n".join(lines) + "\n"
+
+
+def segment_stats() -> str:
+    """The bundled model's segmentation statistics by domain (experiments/bundled, arm enwiki-small-stats)."""
+    (rec,) = [r for r in records.load(HERE / "bundled" / "records.jsonl") if r["arm"] == "enwiki-small-stats"]
+
+    def pair(x: dict) -> str:
+        return f"{x['flip_rate']:.4f} / {x['f1']:.3f}"
+
+    lines = ["| text | boundaries | bytes/token (CV) | vs whitespace P / R / F1 | shift: flip rate / F1 | "
+             "bf16 | int8 |", "|---|---|---|---|---|---|---|"]
+    for name, d in rec["domains"].items():
+        st = d["stability"]
+        for mode in ("sampled", "greedy"):
+            c = d[mode]
+            lines.append(f"| {name}, {d['bytes'] // 1024} KB | {mode} | {c['bytes_per_token']:.2f} "
+                         f"({c['bytes_per_token_cv']:.2f}) | {c['whitespace_precision']:.2f} / "
+                         f"{c['whitespace_recall']:.2f} / {c['whitespace_f1']:.2f} | "
+                         + (f"{pair(st['shift'])} | {pair(st['bf16'])} | {pair(st['int8'])} |" if mode == "greedy"
+                            else "— | — | — |"))
+    return "\n".join(lines) + f"\n\nRecord: experiments/bundled/records.jsonl (`{rec['command']}`); stability on " \
+        f"the first {rec['domains'][next(iter(rec['domains']))]['stability']['bytes']:,} bytes of each.\n"
+
+
+def robustness_table() -> str:
+    return _script("robustness").table() + "\n"
+
+
+BLOCKS = {"segment-speed": segment_speed, "segment-stats": segment_stats, "robustness": robustness_table,
+          "default-run": default_run, "headline": headline, "rate-control": rate_control,
           "matched-time": matched_time, "gpu-path": gpu_path, "variance": variance,
           "readme-summary": readme_summary, "planted-sep": planted("sep"),
           "planted-nosep": planted("nosep")}

@@ -1,7 +1,8 @@
 """The model shipped inside the package (`learntok.from_pretrained("enwiki-small")`): trained and exported by
 this script, which anyone can rerun.
 
-    python experiments/bundled/run.py run --data ../shared/data/text/enwiki      # about 25 minutes on 2 cores
+    python experiments/bundled/run.py run --data ../shared/data/text/enwiki      # about 35 minutes on 2 cores
+    python experiments/bundled/run.py stats --shared ../shared/data               # its statistics by domain
 
 It trains the `small` preset with the headline's learned policy (`learned-w1-vb`: a one-boundary policy window
 and a learned value baseline; docs/results.md) on English Wikipedia's train split (2.4e7 bytes), evaluates it
@@ -58,6 +59,40 @@ def run(data: Path, out: Path, threads: int | None) -> None:
           f"exported to {TARGET}")
 
 
+DOMAINS = {"English prose (enwiki test)": "text/enwiki/test.jsonl.xz",
+           "Python code (CPython stdlib test)": "code/cpython_stdlib/test.jsonl.xz"}
+STATS_BYTES = 262_144
+
+
+def stats(shared: Path, model: str = "enwiki-small") -> None:
+    """Segmentation statistics of the bundled model by domain (the first STATS_BYTES of each test split):
+    bytes per token and its CV, whitespace agreement, and boundary stability (learntok.evaluation.stability),
+    with the default sampled boundaries and greedy ones; one record (arm enwiki-small-stats)."""
+    from learntok.data import iter_documents
+    from learntok.evaluation.stability import chunk_stats, stability
+    from learntok.tokenizer import LearnedTokenizer
+
+    out = {}
+    for name, rel in DOMAINS.items():
+        docs, total = [], 0
+        for _, doc in iter_documents(str(shared / rel), "text"):
+            docs.append(doc[: STATS_BYTES - total])
+            total += len(docs[-1])
+            if total >= STATS_BYTES:
+                break
+        out[name] = {"bytes": total, "file": rel}
+        for mode in ("sampled", "greedy"):
+            tok = LearnedTokenizer.from_pretrained(model, greedy=mode == "greedy")
+            encs = tok.encode_batch(docs)
+            out[name][mode] = chunk_stats([n for e in encs for n in e.token_lengths], [e.boundaries for e in encs],
+                                          docs)
+        out[name]["stability"] = stability(tok.model, docs, tok.window - 1, max_bytes=65_536)
+        print(f"{name}: {out[name]['sampled']['bytes_per_token']:.2f} bytes/token", flush=True)
+    rec = records.make("bundled", "enwiki-small-stats", 0, prov=records.provenance(),
+                       command=f"python experiments/bundled/run.py stats --shared {shared}", domains=out)
+    records.append(RECORDS, rec)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -65,7 +100,11 @@ def main() -> None:
     r.add_argument("--data", type=Path, default=Path("../shared/data/text/enwiki"))
     r.add_argument("--out", type=Path, default=Path("runs/bundled/enwiki-small"))
     r.add_argument("--threads", type=int, default=None)
+    st = sub.add_parser("stats")
+    st.add_argument("--shared", type=Path, default=Path("../shared/data"))
     args = ap.parse_args()
+    if args.cmd == "stats":
+        return stats(args.shared)
     run(args.data, args.out, args.threads)
 
 

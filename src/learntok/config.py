@@ -138,10 +138,12 @@ class OptimConfig:
     """Final learning rate as a fraction of --lr at the end of the cosine."""
     warmup_bytes: float = 0.0
     """Linear warm-up length in bytes."""
-    schedule: Literal["bytes", "time"] = "bytes"
-    """What the cosine runs over: bytes (to --max-steps/--max-bytes; reproducible), or time (elapsed /
+    schedule: Literal["bytes", "time", "flops"] = "bytes"
+    """What the cosine runs over: bytes (to --max-steps/--max-bytes; reproducible), time (elapsed /
     --time-budget: every run decays fully within its wall-clock budget, for equal-time comparisons;
-    --max-steps/--max-bytes then only cap the run; not bit-reproducible). Warm-up is in bytes."""
+    --max-steps/--max-bytes then only cap the run; not bit-reproducible), or flops (FLOPs spent /
+    --flops-budget under --flops-convention: equal-compute comparisons of strategies whose FLOPs per byte vary;
+    reproducible). Warm-up is in bytes."""
     weight_decay: float = 0.1
     """AdamW weight decay on matrices (not on norms, biases or the byte embedding)."""
     beta1: float = 0.9
@@ -188,6 +190,11 @@ class TrainConfig(Generic[B]):
     """Training length in bytes (used when max_steps is 0)."""
     time_budget: float = 0.0
     """Stop training after this many seconds of training time (0 = no limit)."""
+    flops_budget: float = 0.0
+    """Stop training once this many training FLOPs are spent, counted by --flops-convention (0 = no limit)."""
+    flops_convention: Literal["6n", "6n-padded", "total"] = "6n"
+    """How --flops-budget counts: 6n (the paper's 6 x matrix parameters per byte / real token), 6n-padded
+    (token level at its padded slots), total (6n plus attention's products); learntok.model.flops."""
     seed: int = 0
     """Seed for initialisation, data order and boundary sampling."""
     device: str = "auto"

@@ -358,3 +358,15 @@ class ByteLM(nn.Module):
         """Training FLOPs of processing n_bytes bytes that formed n_tokens tokens (paper's accounting)."""
         pb, pt = self.matrix_params()
         return 6.0 * (pb * n_bytes + pt * n_tokens)
+
+    def flops_conventions(self, rows: int, seq_len: int, tokens: float, slots: float, token_pairs: float) -> dict:
+        """Training FLOPs of `rows` sequences of seq_len positions under the three conventions of
+        learntok.model.flops (tokens: real tokens; slots: padded token positions; token_pairs: causal
+        query-key pairs at the token level, sum over rows of L (L + 1) / 2)."""
+        from learntok.model.flops import conventions, window_pairs
+
+        pb, pt = self.matrix_params()
+        byte_pairs = rows * window_pairs(seq_len, self.cfg.byte_window)
+        return conventions(pb * rows * seq_len, pt, tokens, slots,
+                           attention=self.cfg.d_model * ((self.cfg.n_down + self.cfg.n_up) * byte_pairs
+                                                         + self.cfg.n_mid * token_pairs))

@@ -141,3 +141,10 @@ class TokenLM(nn.Module):
 
     def train_flops(self, n_bytes: float, n_tokens: float) -> float:
         return 6.0 * self.matrix_params()[1] * n_tokens
+
+    def flops_conventions(self, rows: int, seq_len: int, tokens: float, slots: float, token_pairs: float) -> dict:
+        """The three conventions of learntok.model.flops: every layer runs per token (causal attention)."""
+        from learntok.model.flops import conventions
+
+        return conventions(0.0, self.matrix_params()[1], tokens, slots,
+                           attention=self.cfg.d_model * self.cfg.n_mid * token_pairs)

@@ -28,6 +28,7 @@ from learntok.data.stream import StreamBatches, open_stream
 from learntok.device import autocast, configure_matmul, out_of_memory, resolve_precision, to_device
 from learntok.errors import TrainingError
 from learntok.model import build_model
+from learntok.model.flops import KEYS
 from learntok.model.lm import ByteLM
 from learntok.nn.attention import FLEX_CPU_TRAINING
 from learntok.train.logs import Sinks, StepMetrics
@@ -146,6 +147,10 @@ def train(cfg: TrainConfig, *, log=print, on_eval: EvalHook | None = None,
         if cfg.time_budget and state.elapsed >= cfg.time_budget:  # else: no step, and a repeated final evaluation
             raise ValueError(f"--resume {out}: the run's time budget of {cfg.time_budget:g} s was used up at step "
                              f"{state.step}; give a larger --time-budget (time_budget=) to continue it")
+        if cfg.flops_budget and spent(state, cfg) >= cfg.flops_budget:
+            raise ValueError(f"--resume {out}: the run's FLOPs budget of {cfg.flops_budget:.3g} "
+                             f"({cfg.flops_convention}) was used up at step {state.step}; give a larger "
+                             "--flops-budget (flops_budget=) to continue it")
         log(f"resumed from {ckpt} at step {state.step}")
     sharded = cfg.parallel == "fsdp" and d.active
     if d.active:  # every rank buckets the token level alike (--token-bucket / --compile)
@@ -198,7 +203,7 @@ def train(cfg: TrainConfig, *, log=print, on_eval: EvalHook | None = None,
     def evaluate(final: bool) -> dict:
         with autocast(precision, d.device):
             ev = validate(model, val, d.device) if evaluates else {"val/bpb": float("nan"), "val/rate": float("nan")}
-        sinks.write({"step": state.step, "bytes": state.bytes_seen, "flops": state.flops, "time": state.elapsed,
+        sinks.write({"step": state.step, "bytes": state.bytes_seen, **flops_fields(state), "time": state.elapsed,
                      **ev})
         if on_eval is not None and evaluates:
             view = on_eval(model, first_row(val), None if final else state.step, sinks.wants_images)
@@ -231,20 +236,28 @@ def train(cfg: TrainConfig, *, log=print, on_eval: EvalHook | None = None,
                 if cfg.time_budget and now >= cfg.time_budget:
                     log(f"time budget of {cfg.time_budget:.0f} s reached at step {state.step}")
                     break
+                if cfg.flops_budget and spent(state, cfg) >= cfg.flops_budget:
+                    log(f"FLOPs budget of {cfg.flops_budget:.3g} ({cfg.flops_convention}) reached at step "
+                        f"{state.step}")
+                    break
                 lr = lr_at(cfg.optim, state.bytes_seen, steps * bytes_per_step, now if cfg.time_budget else 0.0,
-                           cfg.time_budget)
+                           cfg.time_budget, spent(state, cfg) / cfg.flops_budget if cfg.flops_budget else 0.0)
                 for group in opt.param_groups:
                     group["lr"] = lr
                 try:
-                    tokens, bad = train_step(run, state.step)
+                    counts, bad = train_step(run, state.step)
                 except Exception as e:  # an out-of-memory error may come wrapped (by torch.compile, say)
                     if out_of_memory(e):
                         raise TrainingError(out_of_memory_advice(micro, cfg.data.seq_len, d.device, state.step)) from e
                     raise
                 state.step += 1
                 state.bytes_seen += bytes_per_step
-                state.tokens_seen += tokens
-                state.flops += model.train_flops(bytes_per_step, tokens)
+                state.tokens_seen += counts.tokens
+                fl = model.flops_conventions(bytes_per_step // cfg.data.seq_len, cfg.data.seq_len, counts.tokens,
+                                             counts.slots, counts.token_pairs)
+                state.flops += fl["6n"]
+                state.flops_padded += fl["6n-padded"]
+                state.flops_total += fl["total"]
                 bad_run = bad_run + 1 if bad else 0
                 if bad:
                     state.skipped_steps += 1
@@ -252,7 +265,7 @@ def train(cfg: TrainConfig, *, log=print, on_eval: EvalHook | None = None,
                                f"the run stops at {cfg.max_bad_steps})")
                 if state.step % cfg.log_every == 0 or state.step == steps:
                     t, b = clock.elapsed(), state.bytes_seen
-                    sinks.training({**window.window(d, (t, b)), "step": state.step, "bytes": b, "flops": state.flops,
+                    sinks.training({**window.window(d, (t, b)), "step": state.step, "bytes": b, **flops_fields(state),
                                     "train/flops_per_byte": state.flops / b, "train/lr": lr, "time": t})
                 sinks.stepped()
                 state.elapsed = clock.elapsed()
@@ -336,9 +349,31 @@ def load_data(cfg: TrainConfig, model: ByteLM, out: Path, d: Dist, per_rank: int
     return BatchIterator(train, per_rank, cfg.seed, rank=d.rank, world_size=d.world), val
 
 
-def train_step(run: Run, step: int) -> tuple[int, str]:
-    """Optimizer update `step` on this process's rows of the next global batch. Returns the tokens the whole
-    update formed (all processes) and "" or, when the update was skipped because a loss or the gradient norm was
+@dataclass(frozen=True)
+class StepCounts:
+    """What one update processed, over all processes (learntok.model.flops turns it into FLOPs)."""
+
+    tokens: int
+    """Real tokens formed."""
+    slots: float
+    """Token positions of a dense token level: per micro-batch, rows x its longest row (or --token-bucket's)."""
+    token_pairs: float
+    """Causal query-key pairs at the token level (sum over rows of L (L + 1) / 2)."""
+
+
+def spent(state: TrainState, cfg: TrainConfig) -> float:
+    """FLOPs spent so far under the run's --flops-convention."""
+    return getattr(state, KEYS[cfg.flops_convention])
+
+
+def flops_fields(state: TrainState) -> dict:
+    """The logged FLOPs counters (learntok.model.flops: flops = the paper's 6N, flops_padded, flops_total)."""
+    return {"flops": state.flops, "flops_padded": state.flops_padded, "flops_total": state.flops_total}
+
+
+def train_step(run: Run, step: int) -> tuple[StepCounts, str]:
+    """Optimizer update `step` on this process's rows of the next global batch. Returns what the whole update
+    processed (all processes) and "" or, when the update was skipped because a loss or the gradient norm was
     not finite on some process, what was wrong. `run.stats` gives the estimator the global batch's statistics."""
     cfg, d, model, micro = run.cfg, run.d, run.model, run.micro
     batch, flags = run.batches.next_with_flags()  # (per_rank / K, seq_len + 1) ids, flags or None
@@ -358,7 +393,7 @@ def train_step(run: Run, step: int) -> tuple[int, str]:
             return [model(mb.ids, mb.targets, noise=mb.noise, prescribed=mb.prescribed).batch_stats for mb in parts]
 
     reducer = run.stats.reducer(pre_pass) if model.boundary.uses_rewards else None
-    tokens, losses, local = [], [], []
+    tokens, slots, pairs, losses, local = [], [], [], [], []
     for i, mb in enumerate(parts):
         sync = contextlib.nullcontext()
         if d.active and cfg.parallel == "ddp" and i < run.accum - 1:
@@ -367,7 +402,10 @@ def train_step(run: Run, step: int) -> tuple[int, str]:
             with mixed:
                 out = run.wrapped(mb.ids, mb.targets, noise=mb.noise, prescribed=mb.prescribed, batch_stats=reducer)
             (out.loss / run.accum).backward()
-        tokens.append(out.n_tokens.sum())
+        n = out.n_tokens  # (B,) real tokens per row
+        tokens.append(n.sum())
+        slots.append(n.numel() * (out.token_slots or n.max()))  # a dense token level: rows x the longest row
+        pairs.append((n * (n + 1)).sum() // 2)  # causal token attention's query-key pairs
         losses.append(out.loss.detach())
         if out.batch_stats is not None:
             local.append(out.batch_stats)
@@ -377,7 +415,9 @@ def train_step(run: Run, step: int) -> tuple[int, str]:
     if hasattr(norm, "full_tensor"):  # FSDP2: a DTensor over the shards
         norm = norm.full_tensor()
     # The step's one read from the device (besides --token-bucket's count): skip a non-finite update.
-    grad_norm, *losses, n_tokens = torch.stack([t.double() for t in (norm, *losses, sum(tokens))]).tolist()
+    counts = [sum(tokens), sum(slots), sum(pairs)]
+    grad_norm, *losses, n_tokens, n_slots, n_pairs = torch.stack(
+        [torch.as_tensor(t, device=norm.device).double() for t in (norm, *losses, *counts)]).tolist()
     finite = math.isfinite(grad_norm) and all(map(math.isfinite, losses))
     if d.active:  # skip on every rank or on none
         finite = not bool(all_reduce_max(torch.tensor(float(not finite)), d))
@@ -387,4 +427,5 @@ def train_step(run: Run, step: int) -> tuple[int, str]:
     run.opt.zero_grad(set_to_none=True)
     run.window.end_step(grad_norm, applied=finite)
     bad = "" if finite else f"loss {', '.join(f'{v:g}' for v in losses)}, gradient norm {grad_norm:g}"
-    return int(all_reduce_sum(torch.tensor(n_tokens, dtype=torch.float64), d)), bad
+    total = all_reduce_sum(torch.tensor([n_tokens, n_slots, n_pairs], dtype=torch.float64), d).tolist()
+    return StepCounts(int(total[0]), total[1], total[2]), bad

@@ -48,7 +48,11 @@ def check_config(cfg: TrainConfig) -> None:
         problems.append(f"batch_size={cfg.batch_size} must be a positive multiple of micro_batch_size={mb}")
     if cfg.optim.schedule == "time" and cfg.time_budget <= 0:
         problems.append("--schedule time needs --time-budget SECONDS")
-    if cfg.max_steps <= 0 and cfg.max_bytes <= 0 and cfg.optim.schedule != "time":
+    if cfg.optim.schedule == "flops" and cfg.flops_budget <= 0:
+        problems.append("--schedule flops needs --flops-budget FLOPS")
+    if cfg.flops_budget < 0 or cfg.time_budget < 0:
+        problems.append("--flops-budget and --time-budget must be non-negative")
+    if cfg.max_steps <= 0 and cfg.max_bytes <= 0 and cfg.optim.schedule not in ("time", "flops"):
         problems.append("give a training length: --max-steps N or --max-bytes N")
     if cfg.log_every < 1 or cfg.max_bad_steps < 1 or cfg.eval_every < 0 or cfg.ckpt_every < 0:
         problems.append(f"log_every and max_bad_steps must be >= 1, eval_every and ckpt_every >= 0 (got "
@@ -68,19 +72,21 @@ def total_steps(cfg: TrainConfig) -> int:
     (a time-scheduled run without a length: until its budget ends)."""
     if cfg.max_steps > 0:
         return cfg.max_steps
-    if cfg.max_bytes <= 0 and cfg.optim.schedule == "time":
+    if cfg.max_bytes <= 0 and cfg.optim.schedule in ("time", "flops"):
         return UNBOUNDED_STEPS
     return max(1, math.ceil(cfg.max_bytes / (cfg.batch_size * cfg.data.seq_len)))
 
 
 def lr_at(opt: OptimConfig, bytes_seen: float, total_bytes: float, elapsed: float = 0.0,
-          time_budget: float = 0.0) -> float:
-    """Linear warm-up over warmup_bytes, then cosine decay to min_lr_ratio * lr at total_bytes (or, with
-    schedule = "time", at elapsed = time_budget seconds)."""
+          time_budget: float = 0.0, flops_frac: float = 0.0) -> float:
+    """Linear warm-up over warmup_bytes, then cosine decay to min_lr_ratio * lr at total_bytes (with schedule =
+    "time", at elapsed = time_budget seconds; with "flops", at flops_frac = FLOPs spent / budget = 1)."""
     if bytes_seen < opt.warmup_bytes:
         return opt.lr * (bytes_seen + 1) / opt.warmup_bytes
     if opt.schedule == "time":
         frac = min(1.0, elapsed / time_budget)
+    elif opt.schedule == "flops":
+        frac = min(1.0, flops_frac)
     else:
         frac = min(1.0, (bytes_seen - opt.warmup_bytes) / max(1.0, total_bytes - opt.warmup_bytes))
     return opt.lr * (opt.min_lr_ratio + (1 - opt.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))

@@ -34,7 +34,11 @@ class TrainState:
     tokens_seen: int = 0
     """Token-level positions processed (all processes)."""
     flops: float = 0.0
-    """Training FLOPs by the paper's 6 x matrix-parameters accounting."""
+    """Training FLOPs by the paper's 6 x matrix-parameters accounting (learntok.train.flops)."""
+    flops_padded: float = 0.0
+    """The same with the token level counted at its padded slots (0 in checkpoints written before it existed)."""
+    flops_total: float = 0.0
+    """6N plus attention's products (0 in checkpoints written before it existed)."""
     elapsed: float = 0.0
     """Training seconds (evaluation and checkpoint pauses excluded)."""
     skipped_steps: int = 0
