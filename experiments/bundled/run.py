@@ -43,6 +43,8 @@ def run(data: Path, out: Path, threads: int | None) -> None:
     if TARGET.exists():
         shutil.rmtree(TARGET)
     learntok(["export", str(out), str(TARGET)])
+    card = TARGET / "README.md"  # the card's usage lines name the model as it is loaded: by its bundled name
+    card.write_text(card.read_text().replace("USER/NAME", "enwiki-small"))
     val = load_metrics(out).evals[-1]
     ev = json.loads((out / "eval.json").read_text())
     config, prov = records.run_provenance(out)
