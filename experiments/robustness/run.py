@@ -42,11 +42,14 @@ def evaluate(run: str, out: Path, data: Path) -> dict:
             "eval_command": f"learntok eval {run} {' '.join(EVAL + extra)}"}
 
 
-def run(data: Path, out: Path, threads: int | None) -> None:
+ARMS = ("uniform", "bpe-lm", "enwiki-small")
+
+
+def run(data: Path, out: Path, arms_to_run=ARMS) -> None:
     out.mkdir(parents=True, exist_ok=True)
     have = {r["arm"] for r in records.load(RECORDS)} if RECORDS.exists() else set()
     for name in ("uniform", "bpe-lm"):
-        if name in have:
+        if name in have or name not in arms_to_run:
             continue
         rundir = out / f"{name}-seed0"
         fpb = arms.flops_per_byte(name, arms.RATE_FREE.get(name) or RATE)
@@ -59,7 +62,7 @@ def run(data: Path, out: Path, threads: int | None) -> None:
                            budget_bytes=BUDGET, **res, **ev)
         records.append(RECORDS, rec)
         print(f"{name}: test BPB {ev['heldout']['bpb']:.4f}", flush=True)
-    if "enwiki-small" not in have:
+    if "enwiki-small" not in have and "enwiki-small" in arms_to_run:
         from learntok.pretrained import bundled, read_config
 
         path = bundled("enwiki-small")
@@ -105,6 +108,7 @@ def main() -> None:
     r.add_argument("--data", type=Path, default=Path("../shared/data/text/enwiki"))
     r.add_argument("--out", type=Path, default=Path("runs/robustness"))
     r.add_argument("--threads", type=int, default=None)
+    r.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
     sub.add_parser("table")
     args = ap.parse_args()
     if args.cmd == "table":
@@ -113,7 +117,7 @@ def main() -> None:
         import os
 
         os.environ["OMP_NUM_THREADS"] = str(args.threads)  # the training and evaluation subprocesses
-    run(args.data, args.out, args.threads)
+    run(args.data, args.out, args.arms)
 
 
 if __name__ == "__main__":
