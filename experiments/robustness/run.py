@@ -74,6 +74,20 @@ def run(data: Path, out: Path, arms_to_run=ARMS) -> None:
         print(f"enwiki-small: test BPB {res['heldout']['bpb']:.4f}", flush=True)
 
 
+def rescore(data: Path, out: Path, arms_to_run) -> None:
+    """Evaluate recorded arms again with the current evaluation code (their run directories or the bundled
+    model), replacing each record's evaluation fields; the record keeps its training provenance and gains the
+    evaluation's (eval_provenance)."""
+    recs = records.load(RECORDS)
+    for rec in recs:
+        if rec["arm"] not in arms_to_run:
+            continue
+        run_ref = "enwiki-small" if rec["arm"] == "enwiki-small" else str(out / f"{rec['arm']}-seed0")
+        rec.update(evaluate(run_ref, out / f"{rec['arm']}-eval.json", data), eval_provenance=records.provenance())
+        records.write(RECORDS, recs)
+        print(f"{rec['arm']}: test BPB {rec['heldout']['bpb']:.4f} (rescored)", flush=True)
+
+
 def table(path: Path = RECORDS) -> str:
     """Gold-answer BPB and accuracy per task and arm, then BPB under byte noise (markdown)."""
     recs = {r["arm"]: r for r in records.load(path)}
@@ -109,8 +123,14 @@ def main() -> None:
     r.add_argument("--out", type=Path, default=Path("runs/robustness"))
     r.add_argument("--threads", type=int, default=None)
     r.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
+    rs = sub.add_parser("rescore", help="evaluate recorded arms again with the current code")
+    rs.add_argument("--data", type=Path, default=Path("../shared/data/text/enwiki"))
+    rs.add_argument("--out", type=Path, default=Path("runs/robustness"))
+    rs.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
     sub.add_parser("table")
     args = ap.parse_args()
+    if args.cmd == "rescore":
+        return rescore(args.data, args.out, args.arms)
     if args.cmd == "table":
         return print(table())
     if args.threads:

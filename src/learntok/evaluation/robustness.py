@@ -134,8 +134,8 @@ def robustness(model, docs, window: int, bm, *, n: int = 200, tasks=CUTE_TASKS, 
     cute = {}
     for task in tasks:
         res = score_task(model, task, cute_examples(task, vocab, n, seed), window, bm, batch_size=batch_size,
-                         kind="choice")
-        cute[task] = {k: res[k] for k in ("n", "bpb", "bpb_se", "acc", "acc_se", "chance")}
+                         kind="choice", values=True)
+        cute[task] = {k: res[k] for k in ("n", "bpb", "bpb_se", "acc", "acc_se", "chance", "values")}
     kept, total = [], 0
     for d in docs:
         if total >= noise_bytes:

@@ -161,9 +161,10 @@ def _metric(d: dict, key: str, values) -> None:
 
 
 def score_task(model, name: str, examples: list[Example], window: int, bm: BoundaryMode, *, batch_size: int = 16,
-               progress: bool = False, kind: str | None = None) -> dict:
+               progress: bool = False, kind: str | None = None, values: bool = False) -> dict:
     """Metrics of one task (see the module docstring); every mean has its standard error over examples. `kind`
-    (choice | lambada) defaults to the named task's; generated tasks (learntok.evaluation.robustness) give it."""
+    (choice | lambada) defaults to the named task's; generated tasks (learntok.evaluation.robustness) give it.
+    `values`: also each example's gold BPB and correctness (multiple choice), for paired comparisons."""
     pairs, keys, owner = [], [], []
     for i, ex in enumerate(examples):
         for c in ex.choices:
@@ -177,8 +178,12 @@ def score_task(model, name: str, examples: list[Example], window: int, bm: Bound
         for i, s in zip(owner, scores):
             per[i].append(s)
         bpb = [[s.nll / (LN2 * max(s.n_bytes, 1)) for s in ss] for ss in per]
-        _metric(res, "bpb", [b[ex.gold] for b, ex in zip(bpb, examples)])
-        _metric(res, "acc", [float(int(np.argmin(b)) == ex.gold) for b, ex in zip(bpb, examples)])
+        gold = [b[ex.gold] for b, ex in zip(bpb, examples)]
+        right = [float(int(np.argmin(b)) == ex.gold) for b, ex in zip(bpb, examples)]
+        _metric(res, "bpb", gold)
+        _metric(res, "acc", right)
+        if values:
+            res["values"] = {"bpb": gold, "acc": right}
         _metric(res, "acc_total", [float(int(np.argmin([s.nll for s in ss])) == ex.gold)
                                    for ss, ex in zip(per, examples)])
         res["chance"] = float(np.mean([1 / len(ex.choices) for ex in examples]))
