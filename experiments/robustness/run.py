@@ -79,11 +79,12 @@ def rescore(data: Path, out: Path, arms_to_run) -> None:
     model), replacing each record's evaluation fields; the record keeps its training provenance and gains the
     evaluation's (eval_provenance)."""
     recs = records.load(RECORDS)
+    prov = records.provenance()  # before the first rewrite of the records file (which dirties the tree)
     for rec in recs:
         if rec["arm"] not in arms_to_run:
             continue
         run_ref = "enwiki-small" if rec["arm"] == "enwiki-small" else str(out / f"{rec['arm']}-seed0")
-        rec.update(evaluate(run_ref, out / f"{rec['arm']}-eval.json", data), eval_provenance=records.provenance())
+        rec.update(evaluate(run_ref, out / f"{rec['arm']}-eval.json", data), eval_provenance=prov)
         records.write(RECORDS, recs)
         print(f"{rec['arm']}: test BPB {rec['heldout']['bpb']:.4f} (rescored)", flush=True)
 
