@@ -41,7 +41,8 @@ APART = {
 
 
 def _modules() -> list[Path]:
-    return sorted(SRC.rglob("*.py"))
+    """Source files of the package (models/ holds bundled model directories: data, not modules)."""
+    return sorted(p for p in SRC.rglob("*.py") if "models" not in p.relative_to(SRC).parts[:1])
 
 
 def _name(path: Path) -> str:

@@ -90,27 +90,45 @@ def rescore(data: Path, out: Path, arms_to_run) -> None:
 
 
 def table(path: Path = RECORDS) -> str:
-    """Gold-answer BPB and accuracy per task and arm, then BPB under byte noise (markdown)."""
+    """Per task: gold-answer BPB and accuracy of each arm, and the learned model's paired differences (same
+    examples) with 95 % t-intervals; then BPB under byte noise (markdown)."""
+    from learntok.evaluation.stats import paired_interval
+
     recs = {r["arm"]: r for r in records.load(path)}
     names = [n for n in ("enwiki-small", "uniform", "bpe-lm") if n in recs]
     label = {"enwiki-small": "learned (enwiki-small)", "uniform": "uniform (5-byte patches)",
              "bpe-lm": "BPE transformer"}
+    others = [n for n in names if n != "enwiki-small"]
     tasks = list(next(iter(recs.values()))["robustness"]["cute"])
-    lines = ["| task (chance) | " + " | ".join(label[n] for n in names) + " |", "|---|" + "---|" * len(names)]
+
+    def diff(task: str, other: str, key: str) -> str:
+        a = recs["enwiki-small"]["robustness"]["cute"][task]["values"][key]
+        b = recs[other]["robustness"]["cute"][task]["values"][key]
+        p = paired_interval([x - y for x, y in zip(a, b)])
+        return f"{p['mean']:+.3f} [{p['lo']:+.3f}, {p['hi']:+.3f}]" + (" tie" if p["tie"] else "")
+
+    lines = ["| task (chance) | " + " | ".join(f"{label[n]}: gold BPB; accuracy" for n in names) + " | "
+             + " | ".join(f"learned − {label[n]}: gold BPB; accuracy" for n in others) + " |",
+             "|---|" + "---|" * (len(names) + len(others))]
     for t in tasks:
-        chance = recs[names[0]]["robustness"]["cute"][t]["chance"]
         cells = []
         for n in names:
             c = recs[n]["robustness"]["cute"][t]
-            cells.append(f"{c['bpb']:.3f} ± {c['bpb_se']:.3f} BPB; acc {c['acc']:.2f} ± {c['acc_se']:.2f}")
+            cells.append(f"{c['bpb']:.3f} ± {c['bpb_se']:.3f}; {c['acc']:.2f} ± {c['acc_se']:.2f}")
+        cells += [f"{diff(t, n, 'bpb')}; {diff(t, n, 'acc')}" for n in others]
+        chance = recs[names[0]]["robustness"]["cute"][t]["chance"]
         lines.append(f"| {t} ({chance:.2f}) | " + " | ".join(cells) + " |")
-    lines.append("| test BPB (clean, whole split) | " + " | ".join(
-        f"{recs[n]['heldout']['bpb']:.4f} ± {recs[n]['heldout']['bpb_se']:.4f}" for n in names) + " |")
+    n_ex = recs[names[0]]["robustness"]["cute"][tasks[0]]["n"]
+    lines += ["", f"{n_ex} examples per task, the same for every arm (words of the test split); intervals are over "
+              "examples (paired), from one training seed per arm.", ""]
     noise = recs[names[0]]["robustness"]["noise"]
-    lines.append(f"| BPB, clean (first {noise['bytes']:,} test bytes) | " + " | ".join(
+    lines += ["| text | " + " | ".join(label[n] for n in names) + " |", "|---|" + "---|" * len(names)]
+    lines.append("| test split, whole (BPB ± s.e.) | " + " | ".join(
+        f"{recs[n]['heldout']['bpb']:.4f} ± {recs[n]['heldout']['bpb_se']:.4f}" for n in names) + " |")
+    lines.append(f"| first {noise['bytes']:,} test bytes, clean | " + " | ".join(
         f"{recs[n]['robustness']['noise']['clean_bpb']:.4f}" for n in names) + " |")
     for k in noise["rates"]:
-        lines.append(f"| + {float(k):.0%} byte edits (difference) | " + " | ".join(
+        lines.append(f"| the same with {float(k):.0%} byte edits (increase) | " + " | ".join(
             f"{recs[n]['robustness']['noise']['rates'][k]['bpb']:.4f} "
             f"({recs[n]['robustness']['noise']['rates'][k]['delta']:+.4f})" for n in names) + " |")
     return "\n".join(lines)
