@@ -38,6 +38,8 @@ def test_commands_default_to_it(capsys):
     assert "".join(s["text"] for s in spans) == "Tokenization, learned." and len(spans) > 2
     assert main(["generate", "--prompt", "The ", "--max-new-bytes", "8", "--seed", "1"]) == 0
     assert capsys.readouterr().out.startswith("The ")
+    assert main(["show", "--text", "Hello, learned world"]) == 0
+    assert "Hello," in capsys.readouterr().out
 
 
 def test_a_local_directory_of_the_same_name_wins(tmp_path, monkeypatch):

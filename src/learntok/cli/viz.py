@@ -31,9 +31,9 @@ examples:
 
 @dataclass(frozen=True, kw_only=True)
 class ShowArgs:
-    checkpoint: Annotated[str, tyro.conf.Positional]
-    """Run directory (its newest intact checkpoint), checkpoint directory run/step_N, exported model directory, or
-    Hugging Face Hub id user/name."""
+    checkpoint: Annotated[str, tyro.conf.Positional] = "enwiki-small"
+    """Run directory (its newest intact checkpoint), checkpoint directory run/step_N, exported model directory,
+    Hugging Face Hub id user/name, or a bundled model (enwiki-small ships with learntok)."""
     text: str | None = None
     """The text to map (default: a built-in sample of prose, code and multi-byte characters)."""
     file: str | None = None
