@@ -58,6 +58,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--greedy", action="store_true")
+    ap.add_argument("--bf16", action="store_true", help="the learned tokenizer under bfloat16 autocast")
     ap.add_argument("--record", type=Path, default=None, help="append the result as a record (learntok.records)")
     args = ap.parse_args()
     os.environ["RAYON_NUM_THREADS"] = str(args.threads)  # before tokenizers starts its thread pool
@@ -72,7 +73,8 @@ def main() -> None:
     nbytes = sum(len(d.encode()) for d in docs)
     bpe = ByteLevelBPETokenizer()
     bpe.train_from_iterator(documents(args.data, nbytes, 5_000_000), vocab_size=4096, show_progress=False)
-    tok = LearnedTokenizer.from_pretrained(args.model, greedy=args.greedy, batch_size=args.batch_size)
+    tok = LearnedTokenizer.from_pretrained(args.model, greedy=args.greedy, batch_size=args.batch_size,
+                                           precision="bf16" if args.bf16 else "fp32")
     t_bpe = best(lambda: bpe.encode_batch(docs), args.repeat)
     t_learned = best(lambda: tok.encode_batch(docs), args.repeat)
     n_bpe = sum(len(e.ids) for e in bpe.encode_batch(docs))
@@ -80,7 +82,8 @@ def main() -> None:
     print(f"text: {nbytes / 1e6:.2f} MB, {len(docs)} documents; {args.threads} thread(s); torch "
           f"{torch.__version__}; best of {args.repeat}")
     print(f"tokenizers byte-level BPE (4096):  {nbytes / t_bpe / 1e6:8.2f} MB/s  ({nbytes / n_bpe:.2f} bytes/token)")
-    print(f"learntok {args.model} ({'greedy' if args.greedy else 'sampled'}, batch {args.batch_size}): "
+    print(f"learntok {args.model} ({'greedy' if args.greedy else 'sampled'}, batch {args.batch_size}, "
+          f"{tok.precision}): "
           f"{nbytes / t_learned / 1e6:8.2f} MB/s  ({nbytes / n_learned:.2f} bytes/token)")
     print(f"ratio (BPE / learned time): {t_learned / t_bpe:.1f}x")
     if args.record:
@@ -91,7 +94,7 @@ def main() -> None:
         rec = records.make("segment-speed", args.model, 0, prov=records.provenance(),
                            command="python bench/bench_segment.py " + " ".join(sys.argv[1:]),
                            bytes=nbytes, documents=len(docs), threads=args.threads, batch_size=args.batch_size,
-                           greedy=args.greedy, repeat=args.repeat,
+                           greedy=args.greedy, repeat=args.repeat, precision=tok.precision,
                            bpe={"seconds": t_bpe, "tokens": n_bpe}, learned={"seconds": t_learned, "tokens": n_learned})
         records.append(args.record, rec)
 

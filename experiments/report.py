@@ -265,11 +265,13 @@ def readme_summary() -> str:
 
 def segment_speed() -> str:
     """bench/bench_segment.py's records: MB/s of the learned tokenizer and a tokenizers BPE, same text and run."""
-    lines = ["| model | boundaries | threads | batch | text | tokenizers BPE (4096) | learned | BPE faster by | "
-             "bytes/token (BPE; learned) | code | machine |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| model | boundaries | precision | threads | batch | text | tokenizers BPE (4096) | learned | "
+             "BPE faster by | bytes/token (BPE; learned) | code | machine |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in records.load(ROOT / "bench" / "records-segment.jsonl"):
         mb = r["bytes"] / 1e6
-        lines.append(f"| {r['arm']} | {'greedy' if r['greedy'] else 'sampled'} | {r['threads']} | {r['batch_size']} | "
+        lines.append(f"| {r['arm']} | {'greedy' if r['greedy'] else 'sampled'} | {r.get('precision', 'fp32')} | "
+                     f"{r['threads']} | {r['batch_size']} | "
                      f"{mb:.1f} MB, {r['documents']} docs | {mb / r['bpe']['seconds']:.2f} MB/s | "
                      f"{mb / r['learned']['seconds']:.3f} MB/s | "
                      f"{r['learned']['seconds'] / r['bpe']['seconds']:.1f}× | "

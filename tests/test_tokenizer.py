@@ -122,3 +122,17 @@ def test_streamed_spans_equal_the_whole_text(tok, block):
     spans = list(tok.stream_spans(blocks))
     assert [(s, e) for s, e, _ in spans] == whole
     assert all(text[s:e] == piece for s, e, piece in spans)
+
+
+def test_bf16_precision_segments_almost_alike(tok):
+    text = TEXTS[0] * 4
+    fast = LearnedTokenizer(tok.model, window=16, precision="bf16")
+    a, b = tok.encode(text).boundaries, fast.encode(text).boundaries
+    assert len(a) == len(b) and sum(x != y for x, y in zip(a, b)) <= 0.05 * len(a)
+    from learntok.draw import draw_texts
+
+    p32 = draw_texts(tok.model, [text.encode()], 15)[0][0]
+    p16 = draw_texts(tok.model, [text.encode()], 15, precision="bf16")[0][0]
+    assert not p32.equal(p16) and (p32 - p16).abs().max() < 0.05  # bfloat16 did run, and stays close
+    with pytest.raises(ValueError, match="precision"):
+        LearnedTokenizer(tok.model, precision="fp8")

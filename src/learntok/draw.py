@@ -58,7 +58,7 @@ def windows(n: int, window: int, context: int) -> list[tuple[int, int, int]]:
 
 
 def draw_texts(model, texts: list[bytes], window: int, *, seed: int = EVAL_SEED, greedy: bool = False,
-               context: int | None = None, batch_size: int = 32):
+               context: int | None = None, batch_size: int = 32, precision: str = "fp32"):
     """[(probs, mask)] per text, each (len(text),) on the CPU: boundaries drawn the evaluation way through the
     encoder and the strategy only (the token level and decoder are not needed to place boundaries).
 
@@ -68,14 +68,15 @@ def draw_texts(model, texts: list[bytes], window: int, *, seed: int = EVAL_SEED,
     restarting at each). Each text has its own generator seeded with `seed`, drawing its windows' uniforms in
     turn, so a text's boundaries do not depend on the other texts of the batch; windows of all texts run
     `batch_size` at a time (right-padded: no position reads a later one). A strategy that annotates gets the
-    flags of the whole text."""
+    flags of the whole text. precision "bf16" runs the encoder under bfloat16 autocast (faster on CPUs with
+    bfloat16 support; a few decisions near p = 0.5 can flip: learntok.evaluation.stability)."""
     import torch
 
     context = window // 4 if context is None else context
     jobs = (job for i, data in enumerate(texts) for job in _text_jobs(model, i, data, window, seed, greedy, context))
     probs = [[torch.zeros(0)] for _ in texts]
     mask = [[torch.zeros(0, dtype=torch.bool)] for _ in texts]
-    for i, p, m in _run(model, jobs, batch_size):
+    for i, p, m in _run(model, jobs, batch_size, precision):
         probs[i].append(p)
         mask[i].append(m)
     return [(torch.cat(p), torch.cat(m)) for p, m in zip(probs, mask)]
@@ -88,7 +89,7 @@ def draw_text(model, data: bytes, window: int, *, seed: int = EVAL_SEED, greedy:
 
 
 def draw_stream(model, blocks, window: int, *, seed: int = EVAL_SEED, greedy: bool = False,
-                context: int | None = None, batch_size: int = 32):
+                context: int | None = None, batch_size: int = 32, precision: str = "fp32"):
     """The boundary flags of one long text given as an iterable of byte blocks (a file read piece by piece),
     yielded as (mask,) chunks in order: the same flags `draw_text` gives for the whole text, in memory bounded
     by the block size and batch_size windows. Strategies that annotate need the whole text (use draw_text)."""
@@ -123,7 +124,7 @@ def draw_stream(model, blocks, window: int, *, seed: int = EVAL_SEED, greedy: bo
             drop = max(0, end - context - pos)  # keep the next window's context
             buf, pos, s = buf[drop:], pos + drop, end
 
-    for _, _, m in _run(model, jobs(), batch_size):
+    for _, _, m in _run(model, jobs(), batch_size, precision):
         yield m
 
 
@@ -141,19 +142,24 @@ def _text_jobs(model, key, data: bytes, window: int, seed: int, greedy: bool, co
         yield key, data[a:e], s - a, u, None if flags_all is None else np.concatenate([[True], flags_all[a:e]])
 
 
-def _run(model, jobs, batch_size: int):
-    """(key, probs, mask) of each job's new bytes, in order, running `batch_size` windows per encoder pass."""
+def _run(model, jobs, batch_size: int, precision: str = "fp32"):
+    """(key, probs, mask) of each job's new bytes, in order, running `batch_size` windows per encoder pass
+    (under bfloat16 autocast with precision "bf16")."""
+    import contextlib
     import itertools
 
     import torch
 
     from learntok.vocab import PAD
 
+    if precision not in ("fp32", "bf16"):
+        raise ValueError(f"precision must be fp32 or bf16, got {precision!r}")
     dev = next(model.parameters()).device
     was_training = model.training
     model.eval()
+    cast = torch.autocast(dev.type, dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), cast:
             it = iter(jobs)
             while chunk := list(itertools.islice(it, batch_size)):
                 T = max(len(w) for _, w, _, _, _ in chunk) + 1
