@@ -275,3 +275,11 @@ def test_a_latin1_corpus_trains_with_its_encoding_or_as_bytes(tmp_path: Path) ->
     (tmp_path / "train" / "a.txt").write_bytes(b"\xff\xfe\x00" * 5)
     with pytest.raises(DataError, match="not valid ascii"):
         list(split_documents(DataConfig(source=str(tmp_path), encoding="ascii")))
+
+
+def test_head_documents_keeps_order_and_cuts_the_last():
+    from learntok.data import head_documents
+
+    assert head_documents([b"abc", b"defg", b"hi"], 5) == [b"abc", b"de"]
+    assert head_documents([b"abc"], 10) == [b"abc"] and head_documents([b"abc"], 0) == []
+    assert head_documents(iter([b"ab", b"cd"]), 2) == [b"ab"]  # stops reading once full

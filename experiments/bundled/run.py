@@ -70,19 +70,14 @@ def stats(shared: Path, model: str = "enwiki-small") -> None:
     """Segmentation statistics of the bundled model by domain (the first STATS_BYTES of each test split):
     bytes per token and its CV, whitespace agreement, and boundary stability (learntok.evaluation.stability),
     with the default sampled boundaries and greedy ones; one record (arm enwiki-small-stats)."""
-    from learntok.data import iter_documents
+    from learntok.data import head_documents, iter_documents
     from learntok.evaluation.stability import chunk_stats, stability
     from learntok.tokenizer import LearnedTokenizer
 
     out = {}
     for name, rel in DOMAINS.items():
-        docs, total = [], 0
-        for _, doc in iter_documents(str(shared / rel), "text"):
-            docs.append(doc[: STATS_BYTES - total])
-            total += len(docs[-1])
-            if total >= STATS_BYTES:
-                break
-        out[name] = {"bytes": total, "file": rel}
+        docs = head_documents((doc for _, doc in iter_documents(str(shared / rel), "text")), STATS_BYTES)
+        out[name] = {"bytes": sum(map(len, docs)), "file": rel}
         for mode in ("sampled", "greedy"):
             tok = LearnedTokenizer.from_pretrained(model, greedy=mode == "greedy")
             encs = tok.encode_batch(docs)

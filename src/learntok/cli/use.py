@@ -189,16 +189,12 @@ class VocabArgs:
 
 def cmd_vocab(argv: list[str]) -> int:
     a = parse(VocabArgs, argv, "learntok vocab", VocabArgs.__doc__ or "")
-    from learntok.data import iter_documents
+    from learntok.data import head_documents, iter_documents
     from learntok.segment import Segmenter, vocab_stats
 
     seg = Segmenter.from_pretrained(a.checkpoint)
-    docs, total = [], 0
-    for _, doc in iter_documents(a.data, a.text_field):
-        docs.append(doc[: a.max_bytes - total])
-        total += len(docs[-1])
-        if total >= a.max_bytes:
-            break
+    docs = head_documents((doc for _, doc in iter_documents(a.data, a.text_field)), a.max_bytes)
+    total = sum(map(len, docs))
     stats = vocab_stats(docs, [seg.segment(d) for d in docs], top=a.top)
     print(f"{stats['segments']:,} segments ({stats['distinct']:,} distinct) over {total:,} bytes; "
           f"mean {stats['mean_bytes']:.2f} bytes; whole words {100 * stats['whole_word_share']:.1f}%")

@@ -107,6 +107,17 @@ def total_bytes(docs: Sequence[bytes]) -> int:
     return docs.n_bytes if isinstance(docs, Corpus) else sum(len(d) for d in docs)
 
 
+def head_documents(docs: Iterable[bytes], max_bytes: int) -> list[bytes]:
+    """The documents in order up to `max_bytes` in all (the last one cut); reads no further than that."""
+    out, n = [], 0
+    for d in docs:
+        if n >= max_bytes:
+            break
+        out.append(bytes(d)[: max_bytes - n])
+        n += len(out[-1])
+    return out
+
+
 def sample_documents(docs: Sequence[bytes], max_bytes: int, seed: int) -> list[bytes]:
     """Whole documents in a seeded random order up to `max_bytes` (the last one cut); all, in order, if they fit.
     On a Corpus only the sampled documents are read."""

@@ -127,7 +127,7 @@ def add_noise(data: bytes, rate: float, rng: random.Random) -> bytes:
 def robustness(model, docs, window: int, bm, *, n: int = 200, tasks=CUTE_TASKS, rates=NOISE_RATES,
                noise_bytes: int = 65_536, seed: int = 0, batch_size: int = 16) -> dict:
     """CUTE-style task metrics and noised-text BPB of `model` on held-out `docs` (see the module docstring)."""
-    from learntok.data import ByteSequences
+    from learntok.data import ByteSequences, head_documents
     from learntok.evaluation.bpb import heldout_bpb
 
     vocab = words(docs, seed=seed)
@@ -136,12 +136,8 @@ def robustness(model, docs, window: int, bm, *, n: int = 200, tasks=CUTE_TASKS, 
         res = score_task(model, task, cute_examples(task, vocab, n, seed), window, bm, batch_size=batch_size,
                          kind="choice", values=True)
         cute[task] = {k: res[k] for k in ("n", "bpb", "bpb_se", "acc", "acc_se", "chance", "values")}
-    kept, total = [], 0
-    for d in docs:
-        if total >= noise_bytes:
-            break
-        kept.append(bytes(d)[: noise_bytes - total])
-        total += len(kept[-1])
+    kept = head_documents(docs, noise_bytes)
+    total = sum(map(len, kept))
 
     def bpb(texts: list[bytes]) -> float:
         seqs = ByteSequences(texts, window, True, name="robustness", annotate=model.boundary.annotator)

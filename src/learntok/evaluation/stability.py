@@ -19,6 +19,7 @@ import statistics
 
 import torch
 
+from learntok.data import head_documents
 from learntok.draw import draw_texts
 from learntok.evaluation.stats import prf
 
@@ -60,13 +61,7 @@ def _variant(model, kind: str):
 
 def stability(model, texts: list[bytes], window: int, *, shifts=SHIFTS, max_bytes: int = 65_536) -> dict:
     """Boundary flips under shifted text and lower precision (greedy boundaries) on up to `max_bytes` of texts."""
-    kept, total = [], 0
-    for t in texts:
-        if total >= max_bytes:
-            break
-        kept.append(t[: max_bytes - total])
-        total += len(kept[-1])
-    kept = [t for t in kept if len(t) > max(shifts) + 1]
+    kept = [t for t in head_documents(texts, max_bytes) if len(t) > max(shifts) + 1]
     base = _flags(model, kept, window)
     per_shift = {}
     for d in shifts:
