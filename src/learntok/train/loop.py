@@ -255,9 +255,8 @@ def train(cfg: TrainConfig, *, log=print, on_eval: EvalHook | None = None,
                 state.tokens_seen += counts.tokens
                 fl = model.flops_conventions(bytes_per_step // cfg.data.seq_len, cfg.data.seq_len, counts.tokens,
                                              counts.slots, counts.token_pairs)
-                state.flops += fl["6n"]
-                state.flops_padded += fl["6n-padded"]
-                state.flops_total += fl["total"]
+                for convention, key in KEYS.items():
+                    setattr(state, key, getattr(state, key) + fl[convention])
                 bad_run = bad_run + 1 if bad else 0
                 if bad:
                     state.skipped_steps += 1
@@ -368,7 +367,7 @@ def spent(state: TrainState, cfg: TrainConfig) -> float:
 
 def flops_fields(state: TrainState) -> dict:
     """The logged FLOPs counters (learntok.model.flops: flops = the paper's 6N, flops_padded, flops_total)."""
-    return {"flops": state.flops, "flops_padded": state.flops_padded, "flops_total": state.flops_total}
+    return {key: getattr(state, key) for key in KEYS.values()}
 
 
 def train_step(run: Run, step: int) -> tuple[StepCounts, str]:
