@@ -41,6 +41,29 @@ def eval_forward(model, ids, targets=None, *, generator=None, greedy: bool = Fal
         model.train(was_training)
 
 
+PRECISIONS = ("fp32", "bf16")
+"""What the boundary pass can run in: float32, or the encoder under bfloat16 autocast."""
+
+
+def check_precision(precision: str) -> str:
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be fp32 or bf16, got {precision!r}")
+    return precision
+
+
+def evaluates_greedily(model) -> bool:
+    """Whether the model's strategy is set to evaluate greedily (eval_boundaries = "greedy": a_t = [p_t > 0.5])."""
+    return getattr(model.bcfg, "eval_boundaries", "sample") == "greedy"
+
+
+def uniforms(n: int, greedy: bool, generator):
+    """(n,) boundary uniforms on the CPU: 0.5 everywhere when greedy, else the next n draws of `generator`
+    (drawn as a (1, n) tensor, the stream `learntok generate` reads for one prompt)."""
+    import torch
+
+    return torch.full((n,), 0.5) if greedy else torch.rand((1, n), generator=generator)[0]
+
+
 def windows(n: int, window: int, context: int) -> list[tuple[int, int, int]]:
     """(first re-read byte, first new byte, end) of each window over n bytes: `window` bytes per window, every
     window after the first re-reading the `context` bytes before its new ones."""
@@ -99,7 +122,7 @@ def draw_stream(model, blocks, window: int, *, seed: int = EVAL_SEED, greedy: bo
         raise ValueError("streaming needs a strategy that does not annotate the whole text (bpe does): segment "
                          "the text in one piece")
     context = window // 4 if context is None else context
-    greedy = greedy or getattr(model.bcfg, "eval_boundaries", "sample") == "greedy"
+    greedy = greedy or evaluates_greedily(model)
 
     def jobs():
         gen = torch.Generator().manual_seed(seed)
@@ -119,8 +142,7 @@ def draw_stream(model, blocks, window: int, *, seed: int = EVAL_SEED, greedy: bo
                 return
             end = min(n_avail, s - lead + window)
             chunk = buf[s - lead - pos:end - pos]
-            u = torch.full((len(chunk) + 1,), 0.5) if greedy else torch.rand((1, len(chunk) + 1), generator=gen)[0]
-            yield 0, chunk, lead, u, None
+            yield 0, chunk, lead, uniforms(len(chunk) + 1, greedy, gen), None
             drop = max(0, end - context - pos)  # keep the next window's context
             buf, pos, s = buf[drop:], pos + drop, end
 
@@ -133,13 +155,13 @@ def _text_jobs(model, key, data: bytes, window: int, seed: int, greedy: bool, co
     import numpy as np
     import torch
 
-    greedy = greedy or getattr(model.bcfg, "eval_boundaries", "sample") == "greedy"
+    greedy = greedy or evaluates_greedily(model)
     gen = torch.Generator().manual_seed(seed)  # on the CPU: the same draws on any device
     annotate = model.boundary.annotator
     flags_all = None if annotate is None else np.asarray(annotate(data), dtype=bool)
     for a, s, e in windows(len(data), window, context):
-        u = torch.full((e - a + 1,), 0.5) if greedy else torch.rand((1, e - a + 1), generator=gen)[0]
-        yield key, data[a:e], s - a, u, None if flags_all is None else np.concatenate([[True], flags_all[a:e]])
+        flags = None if flags_all is None else np.concatenate([[True], flags_all[a:e]])
+        yield key, data[a:e], s - a, uniforms(e - a + 1, greedy, gen), flags
 
 
 def _run(model, jobs, batch_size: int, precision: str = "fp32"):
@@ -152,8 +174,7 @@ def _run(model, jobs, batch_size: int, precision: str = "fp32"):
 
     from learntok.vocab import PAD
 
-    if precision not in ("fp32", "bf16"):
-        raise ValueError(f"precision must be fp32 or bf16, got {precision!r}")
+    check_precision(precision)
     dev = next(model.parameters()).device
     was_training = model.training
     model.eval()

@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 import torch
 
+from learntok.draw import evaluates_greedily
 from learntok.vocab import BOS, EOS
 
 
@@ -74,7 +75,7 @@ def generate(model, prompts: list[str | bytes], max_new_bytes: int = 200, *, tem
     total = max(len(p) for p in data) + max_new_bytes
     noise = torch.rand(B, total, generator=torch.Generator().manual_seed(seed)).to(dev)  # the same on any device
     gen = torch.Generator(dev).manual_seed(seed)  # next-byte draws, on the logits' device
-    if getattr(model.bcfg, "eval_boundaries", "sample") == "greedy":
+    if evaluates_greedily(model):
         noise.fill_(0.5)  # a_t = [p_t > 0.5]
     state = model.init_state(B, noise) if use_cache and model.boundary.has_step else None
     seqs = [[BOS, *p] for p in data]

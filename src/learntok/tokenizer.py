@@ -21,7 +21,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from learntok.draw import EVAL_SEED, draw_texts
+from learntok.draw import EVAL_SEED, check_precision, draw_texts
 from learntok.vocab import BOS, PAD
 
 CONFIG_FILE = "learntok_tokenizer.json"
@@ -78,9 +78,8 @@ class LearnedTokenizer:
             raise ValueError("a learned tokenizer needs a byte-level model; the BPE baseline (--arch token) has a "
                              "fixed tokenizer of its own")
         self.model = model.eval()
-        if precision not in ("fp32", "bf16"):
-            raise ValueError(f"precision must be fp32 or bf16, got {precision!r}")
-        self.greedy, self.seed, self.batch_size, self.precision = greedy, seed, batch_size, precision
+        self.greedy, self.seed, self.batch_size = greedy, seed, batch_size
+        self.precision = check_precision(precision)
         self.window = window or getattr(model, "seq_len", 512)
 
     @classmethod

@@ -137,10 +137,10 @@ class LearntokForCausalLM(PreTrainedModel, GenerationMixin):
         return self.model.embed
 
     def _noise(self, length: int, device) -> torch.Tensor:
-        if getattr(self.model.bcfg, "eval_boundaries", "sample") == "greedy":
-            return torch.full((1, length), 0.5, device=device)
+        from learntok.draw import evaluates_greedily, uniforms
+
         gen = torch.Generator().manual_seed(int(self.config.boundary_seed))
-        return torch.rand(1, length, generator=gen).to(device)
+        return uniforms(length, evaluates_greedily(self.model), gen)[None].to(device)
 
     def _logits(self, ids: torch.Tensor) -> torch.Tensor:
         """(B,T,V) logits of rows of equal length, BOS prepended where a row lacks it (its output dropped)."""
