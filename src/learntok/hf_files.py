@@ -14,7 +14,9 @@ SPECIAL = {"bos_token": "<|learntok_bos|>", "eos_token": "<|learntok_eos|>", "pa
 every Hugging Face tokenizer; the names are chosen not to occur in ordinary text). Id 259 is unused."""
 UNUSED = "<|learntok_unused|>"
 MODULE = "modeling_learntok"
-GENERATION = {"bos_token_id": BOS, "eos_token_id": EOS, "pad_token_id": PAD, "use_cache": False,
+IDS = {"vocab_size": VOCAB_SIZE, "bos_token_id": BOS, "eos_token_id": EOS, "pad_token_id": PAD}
+"""learntok's vocabulary in transformers' config names (config.json, LearntokConfig's defaults)."""
+GENERATION = {**{k: v for k, v in IDS.items() if k != "vocab_size"}, "use_cache": False,
               "suppress_tokens": [BOS, PAD, VOCAB_SIZE - 1]}
 """generation_config.json: no KV cache; BOS, PAD and the unused id are never sampled (as `learntok generate`)."""
 MODULE_TEXT = ('"""transformers loads learntok models through this file (auto_map in config.json); learntok must be '
@@ -27,8 +29,7 @@ def config_keys(seq_len: int) -> dict:
     return {"model_type": "learntok", "architectures": ["LearntokForCausalLM"],
             "auto_map": {"AutoConfig": f"{MODULE}.LearntokConfig",
                          "AutoModelForCausalLM": f"{MODULE}.LearntokForCausalLM"},
-            "vocab_size": VOCAB_SIZE, "bos_token_id": BOS, "eos_token_id": EOS, "pad_token_id": PAD,
-            "max_position_embeddings": seq_len, "boundary_seed": 0}
+            **IDS, "max_position_embeddings": seq_len, "boundary_seed": 0}
 
 
 def byte_alphabet() -> list[str]:

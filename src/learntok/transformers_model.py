@@ -37,7 +37,8 @@ import torch
 import torch.nn.functional as F
 
 from learntok.errors import MissingDependency
-from learntok.vocab import BOS, EOS, IGNORE, PAD, VOCAB_SIZE
+from learntok.hf_files import IDS
+from learntok.vocab import BOS, IGNORE, VOCAB_SIZE
 
 try:
     from transformers import (
@@ -63,10 +64,7 @@ class LearntokConfig(PretrainedConfig):
     model_type = MODEL_TYPE
 
     def __init__(self, boundary_seed: int = 0, **kwargs) -> None:
-        kwargs.setdefault("vocab_size", VOCAB_SIZE)
-        kwargs.setdefault("bos_token_id", BOS)
-        kwargs.setdefault("eos_token_id", EOS)
-        kwargs.setdefault("pad_token_id", PAD)
+        kwargs = {**IDS, **kwargs}
         if "seq_len" in kwargs:
             kwargs.setdefault("max_position_embeddings", kwargs["seq_len"])  # lm_eval's truncation length
         self.boundary_seed = boundary_seed
