@@ -44,6 +44,8 @@ def test_commands_default_to_it(capsys):
 
 def test_a_local_directory_of_the_same_name_wins(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "learntok").mkdir()  # a directory named like the prefix is not taken for a mistyped path
+    assert learntok.from_pretrained("learntok/enwiki-small").bcfg.boundaries == "learned"
     (tmp_path / "enwiki-small").mkdir()
     with pytest.raises(FileNotFoundError, match="config.json|not a learntok"):
         learntok.from_pretrained("enwiki-small")

@@ -173,12 +173,12 @@ def resolve(spec: str | Path) -> tuple[Path, str | None]:
             raise NotADirectoryError(f"{spec}: not a directory (give a run, checkpoint or model directory)")
         return path, None
     text = str(spec)
+    if (here := bundled(text)) is not None:  # a bundled model's name, whatever directories sit around it
+        return here, None
     if path.parent.is_dir() and path.parent != Path("."):  # runs/tyop: a typo in a local path, not a Hub id
         near = sorted(p.name for p in path.parent.iterdir() if p.is_dir())[:8]
         raise FileNotFoundError(f"{spec}: no such directory ({path.parent} has: {', '.join(near) or 'nothing'}; "
                                 "a Hub id USER/NAME is tried only when no local directory USER exists)")
-    if (here := bundled(text)) is not None:
-        return here, None
     if HUB_ID.match(text) and not text.startswith("."):
         repo, _, revision = text.partition("@")
         return download(repo, revision or None), text
