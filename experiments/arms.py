@@ -75,15 +75,22 @@ def flops_per_byte(name: str, rate: float) -> float:
 
 
 def train_arm(run: Path, data: Path, name: str, *, rate: float, seed: int, max_bytes: float = 0,
-              time_budget: float = 0, eval_every: int = 0, ckpt_every: int = 500) -> dict:
-    """Train one arm in a fresh process (log in RUN.log) for `max_bytes` bytes, or for `time_budget` seconds on a
-    time schedule; an interrupted arm (a checkpoint in RUN) is resumed exactly. Returns its final metrics, its
-    validation curve (bytes, FLOPs, seconds, val BPB), the training command and the run's config and provenance."""
+              time_budget: float = 0, flops_budget: float = 0, eval_every: int = 0, ckpt_every: int = 500,
+              flags: list[str] | None = None) -> dict:
+    """Train one arm in a fresh process (log in RUN.log) for `max_bytes` bytes, for `time_budget` seconds on a
+    time schedule, or until `flops_budget` training FLOPs (the paper's 6N) on a FLOPs schedule; an interrupted arm
+    (a checkpoint in RUN) is resumed exactly. `flags` replace the arm's own (ARMS[name] at `rate`). Returns its final
+    metrics, its validation curve (bytes, FLOPs, seconds, val BPB), the training command and the run's config and
+    provenance."""
     common = ["--progress-style", "lines", "--ckpt-every", str(ckpt_every), "--eval-every", str(eval_every)]
-    budget = (["--schedule", "time", "--time-budget", str(time_budget)] if time_budget
-              else ["--max-bytes", str(int(max_bytes))])
+    if time_budget:
+        budget = ["--schedule", "time", "--time-budget", str(time_budget)]
+    elif flops_budget:
+        budget = ["--schedule", "flops", "--flops-budget", f"{flops_budget:.6g}", "--max-bytes", "0"]
+    else:
+        budget = ["--max-bytes", str(int(max_bytes))]
     fresh = ["train", "--preset", "small", "--data", str(data), "--out", str(run), "--overwrite", "--seed", str(seed),
-             *budget, *common, *arm_flags(name, rate)]
+             *budget, *common, *(arm_flags(name, rate) if flags is None else flags)]
     args = ["train", "--resume", str(run), *common] if (run / "latest").exists() else fresh
     t0 = time.time()
     with open(run.parent / f"{run.name}.log", "a") as log:  # not with_suffix: "2.4e+07" has a dot

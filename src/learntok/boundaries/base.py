@@ -202,6 +202,9 @@ class BoundaryStrategy(nn.Module):
     has_step: ClassVar[bool] = False
     """True if `init_step_state` / `step` are implemented (cached generation); otherwise generation
     recomputes the full forward pass for every byte."""
+    rate_knob: ClassVar[bool] = False
+    """True if the strategy takes target rates at run time: `propose(..., rates=)` (learntok.boundaries.rates)
+    and `set_rate` (the rate every later call asks for)."""
 
     @property
     def traces_whole(self) -> bool:
@@ -234,6 +237,16 @@ class BoundaryStrategy(nn.Module):
             if isinstance(m, nn.Linear):
                 nn.init.normal_(m.weight, std=init_std)
 
+    def set_rate(self, rate: float | None) -> None:
+        """Ask for boundary rate `rate` in every later call (None: the trained default); strategies with a
+        `rate_knob` implement it."""
+        raise ValueError(f"--boundaries {self.cfg.boundaries} has no rate knob (--rate needs a learned policy)")
+
+    def training_rates(self, seed: int, step: int, rows, total_rows: int, device):
+        """The per-row target rates (`Rates`) of training step `step` for global rows `rows` of `total_rows`, or
+        None (the default: one fixed rate, the strategy's own)."""
+        return None
+
     def prepare(self, train_docs: list[bytes], val_docs: list[bytes], run_dir: Path | None) -> None:
         """Called once before training or evaluation with the raw documents, e.g. to train a BPE tokenizer
         (saved in, and on resume reloaded from, `run_dir`). Default: nothing."""
@@ -257,7 +270,8 @@ class BoundaryStrategy(nn.Module):
     def propose(self, x: torch.Tensor, ids: torch.Tensor, *, noise: torch.Tensor | None,
                 generator: torch.Generator | None, prescribed: torch.Tensor | None = None) -> BoundaryOutput:
         """Draw boundaries. x (B,T,D) encoder output, ids (B,T) byte ids; noise (B,T) uniforms in [0,1)
-        if given (tests inject it), else drawn from `generator`; prescribed (B,T) bool flags from `annotate`."""
+        if given (tests inject it), else drawn from `generator`; prescribed (B,T) bool flags from `annotate`.
+        A strategy with a `rate_knob` also takes `rates=` (learntok.boundaries.rates.Rates, per-row targets)."""
         raise NotImplementedError
 
     def downsample(self, x: torch.Tensor, out: BoundaryOutput, size: int | None = None) -> Tokens:

@@ -199,22 +199,29 @@ def leave_one_out_advantage(g: torch.Tensor, keep: torch.Tensor, k: int) -> torc
 
 @dataclass
 class BatchStatistics:
-    """Sums over a batch of what the estimator averages over the batch: the learned policy's `BatchSums`."""
+    """Sums over a batch of what the estimator averages over the batch: the learned policy's `BatchSums`. Kept per
+    stratum of rows that share a target rate (S = 1 for a fixed-rate model; learntok.boundaries.rates)."""
 
     g_sum: torch.Tensor
-    """(T,) sum over rows of the return G_t at valid positions."""
+    """(S,T) sum over rows of the return G_t at valid positions."""
     g_cnt: torch.Tensor
-    """(T,) number of valid rows at each position."""
+    """(S,T) number of valid rows at each position."""
     g2_sum: torch.Tensor
-    """(T,) sum of G_t^2 (for optional advantage normalisation)."""
+    """(S,T) sum of G_t^2 (for optional advantage normalisation)."""
     p_sum: torch.Tensor
-    """() sum of boundary probabilities over trained decisions."""
+    """(S,) sum of boundary probabilities over trained decisions."""
     n: torch.Tensor
-    """() number of trained decisions."""
+    """(S,) number of trained decisions."""
+
+    def _parts(self) -> tuple[torch.Tensor, ...]:
+        return self.g_sum, self.g_cnt, self.g2_sum, self.p_sum, self.n
 
     def stacked(self) -> torch.Tensor:
-        return torch.cat([self.g_sum, self.g_cnt, self.g2_sum, self.p_sum.view(1), self.n.view(1)])
+        return torch.cat([t.reshape(-1) for t in self._parts()])
 
     def unstacked(self, v: torch.Tensor) -> BatchStatistics:
-        T = self.g_sum.shape[0]
-        return BatchStatistics(v[:T], v[T:2 * T], v[2 * T:3 * T], v[3 * T], v[3 * T + 1])
+        parts, i = [], 0
+        for t in self._parts():  # the same shapes as these sums
+            parts.append(v[i:i + t.numel()].view(t.shape))
+            i += t.numel()
+        return BatchStatistics(*parts)

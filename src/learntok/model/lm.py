@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from learntok.boundaries import BoundaryConfig, BoundaryOutput, build_strategy
 from learntok.boundaries.base import BATCH_STATS, BatchSums, StatsReducer, override_boundaries
+from learntok.boundaries.rates import Rates
 from learntok.config import ModelConfig
 from learntok.nn.attention import softcap
 from learntok.nn.cache import KVCache
@@ -180,23 +181,35 @@ class ByteLM(nn.Module):
 
     def forward(self, ids: torch.Tensor, targets: torch.Tensor | None = None, *, noise: torch.Tensor | None = None,
                 generator: torch.Generator | None = None, prescribed: torch.Tensor | None = None,
-                batch_stats: StatsReducer | None = None, boundaries: torch.Tensor | None = None) -> ModelOutput:
+                batch_stats: StatsReducer | None = None, boundaries: torch.Tensor | None = None,
+                rates: Rates | None = None) -> ModelOutput:
         """ids (B,T) input ids (BOS first); targets (B,T) next ids or IGNORE; noise (B,T) boundary uniforms;
         prescribed (B,T) bool boundary flags from the data pipeline (strategies with `annotate`);
         batch_stats: the estimator's reducer to global-batch statistics (`StatsReducer`, from the training loop);
         boundaries: (B,T) bool flags that replace the strategy's draw (diagnostics, e.g. boundary sensitivity;
-        position 0 is always a boundary)."""
+        position 0 is always a boundary); rates: per-row target rates (strategies with a `rate_knob`; default:
+        the rate `set_rate` asked for, else the trained one)."""
+        if rates is not None and not self.boundary.rate_knob:
+            raise ValueError(f"--boundaries {self.bcfg.boundaries} takes no target rates")
         # Compiled stages train; evaluation and scoring run eagerly (no graphs for eval mode or other lengths).
         stage1, stage2 = self._compiled if self._compiled and self.training else (self._propose, self._finish)
-        x, out = stage1(ids, noise, generator, prescribed)
+        x, out = stage1(ids, noise, generator, prescribed, rates)
         if boundaries is not None:
             out = override_boundaries(out, boundaries)
         return stage2(ids, x, out, targets, self.token_slots(out.mask), batch_stats)
 
-    def _propose(self, ids, noise, generator, prescribed) -> tuple[torch.Tensor, BoundaryOutput]:
+    def _propose(self, ids, noise, generator, prescribed, rates=None) -> tuple[torch.Tensor, BoundaryOutput]:
         """Stage 1: encoder and boundaries."""
         x = self.encode(ids)  # (B,T,D)
-        return x, self.boundary.propose(x, ids, noise=noise, generator=generator, prescribed=prescribed)
+        more = {} if rates is None else {"rates": rates}
+        return x, self.boundary.propose(x, ids, noise=noise, generator=generator, prescribed=prescribed, **more)
+
+    def set_rate(self, rate: float | None) -> None:
+        """Ask for boundary rate `rate` (boundaries per byte) in every later forward pass, generation step and
+        boundary draw; None returns to the trained rate. A variable-rate model (--rate-range) is conditioned on
+        it; a fixed-rate one gets its logits shifted (logit(rate) for logit(target_rate)); a calibration table
+        (`learntok calibrate`) adds its fitted offset. Strategies without a rate knob raise ValueError."""
+        self.boundary.set_rate(rate)
 
     def token_slots(self, mask: torch.Tensor) -> int | None:
         """The token level's static length under --token-bucket N: the batch's largest token count (over all

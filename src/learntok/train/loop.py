@@ -22,6 +22,7 @@ import torch
 import torch.distributed as tdist
 
 from learntok.boundaries.base import BatchSums, repeat_samples
+from learntok.boundaries.rates import Rates
 from learntok.config import TrainConfig, to_dict
 from learntok.data import BatchIterator, ByteSequences, describe, load_splits, val_batches_with_flags
 from learntok.data.stream import StreamBatches, open_stream
@@ -68,6 +69,8 @@ class MicroBatch(NamedTuple):
     """(b, T) boundary uniforms."""
     prescribed: torch.Tensor | None
     """(b, T) prescribed boundary flags, for strategies that annotate their data."""
+    rates: Rates | None
+    """The rows' target rates and strata (a variable-rate strategy, --rate-range), else None."""
 
 
 @dataclass
@@ -382,14 +385,18 @@ def train_step(run: Run, step: int) -> tuple[StepCounts, str]:
     batch = to_device(batch, d.device)
     rows = d.rank * batch.shape[0] + np.arange(batch.shape[0])  # global row indices of this rank's sequences
     noise = boundary_noise(cfg.seed, step, rows, cfg.data.seq_len, d.device)  # (per_rank, T)
+    # Target rates keyed on (seed, step) and each row's place in the global batch, like the noise
+    rates = model.boundary.training_rates(cfg.seed, step, rows, d.world * batch.shape[0], d.device)
     parts = [MicroBatch(batch[i:i + micro, :-1], batch[i:i + micro, 1:], noise[i:i + micro],
-                        None if flags is None else to_device(flags[i:i + micro, :-1], d.device))
+                        None if flags is None else to_device(flags[i:i + micro, :-1], d.device),
+                        None if rates is None else Rates(rates.value[i:i + micro], rates.group[i:i + micro]))
              for i in range(0, batch.shape[0], micro)]
     mixed = autocast(run.precision, d.device)
 
     def pre_pass() -> list[BatchSums]:  # the micro-batches once without gradients: their local statistics
         with torch.no_grad(), mixed:
-            return [model(mb.ids, mb.targets, noise=mb.noise, prescribed=mb.prescribed).batch_stats for mb in parts]
+            return [model(mb.ids, mb.targets, noise=mb.noise, prescribed=mb.prescribed, rates=mb.rates).batch_stats
+                    for mb in parts]
 
     reducer = run.stats.reducer(pre_pass) if model.boundary.uses_rewards else None
     tokens, slots, pairs, losses, local = [], [], [], [], []
@@ -399,7 +406,8 @@ def train_step(run: Run, step: int) -> tuple[StepCounts, str]:
             sync = run.wrapped.no_sync()  # gradients are all-reduced once, after the last micro-step
         with sync:  # one context for forward and backward (a no_sync context is entered once)
             with mixed:
-                out = run.wrapped(mb.ids, mb.targets, noise=mb.noise, prescribed=mb.prescribed, batch_stats=reducer)
+                out = run.wrapped(mb.ids, mb.targets, noise=mb.noise, prescribed=mb.prescribed, batch_stats=reducer,
+                                  rates=mb.rates)
             (out.loss / run.accum).backward()
         n = out.n_tokens  # (B,) real tokens per row
         tokens.append(n.sum())

@@ -46,6 +46,12 @@ def check_config(cfg: TrainConfig) -> None:
     mb = cfg.micro_batch_size or cfg.batch_size
     if cfg.batch_size < 1 or mb < 1 or cfg.batch_size % mb:
         problems.append(f"batch_size={cfg.batch_size} must be a positive multiple of micro_batch_size={mb}")
+    strata = getattr(cfg.boundary, "rate_strata", 1)
+    if getattr(cfg.boundary, "rate_range", None) is not None:
+        k = getattr(cfg.boundary, "policy_samples", 1)
+        if cfg.batch_size % strata or (cfg.batch_size // strata) % k or cfg.batch_size // strata < 2:
+            problems.append(f"--rate-strata {strata} must cut batch_size={cfg.batch_size} into blocks of at least 2 "
+                            f"rows (and whole groups of --policy-samples {k}): each block's baseline is its mean")
     if cfg.optim.schedule == "time" and cfg.time_budget <= 0:
         problems.append("--schedule time needs --time-budget SECONDS")
     if cfg.optim.schedule == "flops" and cfg.flops_budget <= 0:
