@@ -125,10 +125,13 @@ def test_masked_std_is_the_std_of_the_selected_entries():
     assert float(masked_std(x, one)) == 0.0 and float(masked_std(x, torch.zeros(5, 7))) == 0.0
 
 
-def test_compiled_training_matches_eager_training(tmp_path, text_corpus, monkeypatch):
+@pytest.mark.parametrize("opts", [{"policy_window": 0},
+                                  {"policy_window": 1, "value_baseline": True, "rate_range": (0.1, 0.4),
+                                   "rate_strata": 2, "rate_tokens": True}])
+def test_compiled_training_matches_eager_training(opts, tmp_path, text_corpus, monkeypatch):
     """`train(compile=True)`: the stages compile (dynamo with its eager backend here; inductor on CPU takes
-    minutes), shapes are bucketed (COMPILE_BUCKET), the step has no graph break, and the run's losses are the
-    uncompiled run's."""
+    minutes), shapes are bucketed (COMPILE_BUCKET), the step has no graph break and compiles once per bucket
+    (a variable-rate model's new targets every step included), and the run's losses are the uncompiled run's."""
     from learntok.boundaries import boundary_config
     from learntok.model.lm import ByteLM
     from learntok.train import train
@@ -137,7 +140,7 @@ def test_compiled_training_matches_eager_training(tmp_path, text_corpus, monkeyp
 
     real = ByteLM.compile_stages
     monkeypatch.setattr(ByteLM, "compile_stages", lambda self, **o: real(self, backend="eager", **o))
-    bcfg = boundary_config("learned", policy_window=0)
+    bcfg = boundary_config("learned", **opts)
     counters.clear()
     losses = []
     for compiled in (False, True):
@@ -149,6 +152,7 @@ def test_compiled_training_matches_eager_training(tmp_path, text_corpus, monkeyp
         assert all(0 < p < 1 for p in pads) if compiled else pads == [None] * len(rows)  # logged when bucketed
     torch._dynamo.reset()
     assert sum(counters["graph_break"].values()) == 0
+    assert 2 <= counters["stats"]["unique_graphs"] <= 4  # stage 1, and stage 2 per bucket: not a graph per step
     assert len(losses[0]) == 6
     assert losses[1] == pytest.approx(losses[0], abs=1e-5)
 

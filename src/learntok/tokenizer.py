@@ -25,7 +25,7 @@ from learntok.draw import EVAL_SEED, check_precision, draw_texts
 from learntok.vocab import BOS, PAD
 
 CONFIG_FILE = "learntok_tokenizer.json"
-"""Tokenizer settings (greedy, seed) saved beside an exported model by `save_pretrained`."""
+"""Tokenizer settings (greedy, seed, rate) saved beside an exported model by `save_pretrained`."""
 
 
 @dataclass
@@ -73,12 +73,14 @@ class LearnedTokenizer:
     Hub id, or a bundled model's name)."""
 
     def __init__(self, model, *, greedy: bool = False, seed: int = EVAL_SEED, window: int | None = None,
-                 batch_size: int = 32, precision: str = "fp32") -> None:
+                 batch_size: int = 32, precision: str = "fp32", rate: float | None = None) -> None:
         if getattr(model, "predicts_tokens", False):
             raise ValueError("a learned tokenizer needs a byte-level model; the BPE baseline (--arch token) has a "
                              "fixed tokenizer of its own")
         self.model = model.eval()
-        self.greedy, self.seed, self.batch_size = greedy, seed, batch_size
+        self.greedy, self.seed, self.batch_size, self.rate = greedy, seed, batch_size, rate
+        if rate is not None:  # the model's asked rate (ByteLM.set_rate): every tokenizer sharing it sees it
+            model.set_rate(rate)
         self.precision = check_precision(precision)
         self.window = window or getattr(model, "seq_len", 512)
 
@@ -86,7 +88,8 @@ class LearnedTokenizer:
     def from_pretrained(cls, name_or_path: str | Path, device: str = "cpu", **kw) -> LearnedTokenizer:
         """Load a model (learntok.pretrained.load) and the tokenizer settings saved beside it, overridden by
         `kw` (greedy=, seed=, window=, batch_size=, precision= "fp32" or "bf16": bfloat16 autocast, about 1.4x
-        faster on the project's CPU, a few decisions near p = 0.5 can differ)."""
+        faster on the project's CPU, a few decisions near p = 0.5 can differ; rate= a boundary rate to ask a
+        learned policy for, calibrated when the model has a calibration table)."""
         from learntok.pretrained import load
 
         loaded = load(name_or_path, device)
@@ -99,7 +102,8 @@ class LearnedTokenizer:
         from learntok.pretrained import save_pretrained
 
         out = save_pretrained(self.model, out_dir, seq_len=self.window)
-        (out / CONFIG_FILE).write_text(json.dumps({"greedy": self.greedy, "seed": self.seed}, indent=2) + "\n")
+        settings = {"greedy": self.greedy, "seed": self.seed, **({"rate": self.rate} if self.rate is not None else {})}
+        (out / CONFIG_FILE).write_text(json.dumps(settings, indent=2) + "\n")
         return out
 
     def pre_tokenizer(self):

@@ -7,7 +7,7 @@ environment variable LEARNTOK_DEBUG=1 the original exception is raised instead, 
 
     train.py     train, train-entropy-model, export
     use.py       generate, segment, vocab
-    evaluate.py  eval, compare
+    evaluate.py  eval, calibrate, compare
     viz.py       show, plot, report
 """
 
@@ -31,6 +31,7 @@ commands:
   train     train a model (presets tiny, small, paper-147m, ...; --boundaries NAME picks the strategy)
   eval      evaluate a checkpoint the paper's way (held-out BPB, PIQA, HellaSwag, ARC-Easy, LAMBADA, boundary stats)
   compare   Table 1 / Table 3 of evaluated runs (Markdown + CSV)
+  calibrate fit a learned policy's logit offsets so that any asked rate (--rate) is the rate it draws
   diagnose  diagnose variance RUN: the policy gradient's variance under the paper's variance reductions
   generate  continue a prompt (batched, cached, streaming)
   segment   segment text with a model's learned boundaries
@@ -56,6 +57,7 @@ COMMANDS = {
     "train": "learntok.cli.train:cmd_train", "train-entropy-model": "learntok.cli.train:cmd_train_entropy_model",
     "export": "learntok.cli.train:cmd_export", "prepare": "learntok.cli.data:cmd_prepare",
     "eval": "learntok.cli.evaluate:cmd_eval", "compare": "learntok.cli.evaluate:cmd_compare",
+    "calibrate": "learntok.cli.evaluate:cmd_calibrate",
     "eval-data": "learntok.cli.evaluate:cmd_eval_data", "push": "learntok.cli.train:cmd_push",
     "generate": "learntok.cli.use:cmd_generate", "segment": "learntok.cli.use:cmd_segment",
     "vocab": "learntok.cli.use:cmd_vocab",

@@ -19,7 +19,9 @@ examples:
   learntok eval runs/tiny                               # all four tasks + held-out BPB on the run's validation split
   learntok eval runs/tiny --limit 50 --tasks piqa,lambada
   learntok eval runs/tiny/step_000500 --split test --boundaries-mode greedy
-  learntok eval runs/tiny --boundaries-mode average --samples 8 --tasks none"""
+  learntok eval runs/tiny --boundaries-mode average --samples 8 --tasks none
+  learntok eval runs/any --rate 0.1 --tasks none        # asked for another rate (writes eval-rate0.1.json)
+  learntok eval runs/any --rate-sweep --tasks none --no-heldout   # BPB and realised rate at 45 asked rates"""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,6 +44,17 @@ class EvalArgs:
     robustness: bool = False
     """Also character-level robustness on the held-out text: CUTE-style tasks (spell, insert, delete, ...) and
     BPB of text with 1-10 % random byte edits (learntok.evaluation.robustness)."""
+    rate: float | None = None
+    """Ask a learned policy for this boundary rate (boundaries per byte) throughout: a variable-rate model
+    (--rate-range) is conditioned on it, a fixed-rate one has its logits shifted; a calibration table from
+    `learntok calibrate` adds its offset. The report goes to eval-rateR.json unless --out is given."""
+    rate_sweep: bool = False
+    """Also the authors' rate sweep: BPB and realised rate at each of --sweep-rates on the first --sweep-bytes
+    held-out bytes."""
+    sweep_rates: tuple[float, ...] = ()
+    """Asked rates of --rate-sweep (default: the authors' 45 points 0.95^i, i = 0..44)."""
+    sweep_bytes: int = 65_536
+    """Held-out bytes per point of --rate-sweep."""
     boundaries_mode: Literal["sample", "greedy", "average"] = "sample"
     """Boundaries at evaluation: one sample with --seed (the paper), greedy (p > 0.5), or --samples draws averaged
     in probability space."""
@@ -70,6 +83,10 @@ class EvalArgs:
                 raise ValueError(f"--{name.replace('_', '-')} must be non-negative, got {getattr(self, name)}")
         if self.batch_size < 1:
             raise ValueError("--batch-size must be at least 1")
+        if any(not 0 < r < 1 for r in (*self.sweep_rates, *([self.rate] if self.rate is not None else []))):
+            raise ValueError("--rate and --sweep-rates must be in (0, 1)")
+        if self.sweep_bytes < 1:
+            raise ValueError("--sweep-bytes must be at least 1")
 
 
 def cmd_eval(argv: list[str]) -> int:
@@ -86,19 +103,26 @@ def cmd_eval(argv: list[str]) -> int:
     if a.threads:
         torch.set_num_threads(a.threads)
     mode = BoundaryMode(a.boundaries_mode, a.samples if a.boundaries_mode == "average" else 1, a.seed)
+    from learntok.evaluation.rates import SWEEP
+
+    sweep = (a.sweep_rates or SWEEP) if a.rate_sweep else ()
     opts = EvalConfig(data=a.data, split=a.split, tasks=a.tasks, task_dir=a.task_dir, limit=a.limit, mode=mode,
                       batch_size=a.batch_size, max_bytes=a.max_bytes, bpe_tokenizer=a.bpe_tokenizer,
-                      heldout=a.heldout, robustness=a.robustness, progress=a.progress)
+                      heldout=a.heldout, robustness=a.robustness, progress=a.progress, rate=a.rate,
+                      rate_sweep=tuple(sweep), sweep_bytes=a.sweep_bytes)
     loaded = load(a.checkpoint, resolve_device(a.device))
     if loaded.cfg is None and a.heldout and a.data is None:
         raise UsageError(f"{a.checkpoint} is an exported model, not a training run, so it has no held-out split: "
                          "give --data PATH (any data spec learntok train accepts) or --no-heldout")
     model, ckpt, run_dir = loaded.model, loaded.checkpoint, loaded.run_dir
+    if (a.rate is not None or sweep) and not model.boundary.rate_knob:
+        raise UsageError(f"--rate / --rate-sweep: --boundaries {model.bcfg.boundaries} has no rate knob (a learned "
+                         "policy has)")
     cfg = loaded.cfg or TrainConfig(model=model.cfg, boundary=model.bcfg, data=DataConfig(seq_len=loaded.seq_len))
     where = ckpt or loaded.hub_id or loaded.path
     print(f"learntok eval {a.checkpoint}: {where}", file=sys.stderr)
     default_dir = run_dir or (Path(".") if loaded.hub_id else loaded.path)
-    path = Path(a.out) if a.out else default_dir / "eval.json"
+    path = Path(a.out) if a.out else default_dir / ("eval.json" if a.rate is None else f"eval-rate{a.rate:g}.json")
     try:
         previous = read_eval(path) if path.exists() else None
     except ValueError:
@@ -114,6 +138,75 @@ def cmd_eval(argv: list[str]) -> int:
     print(format_report(report, title=f"\n{run_dir or loaded.hub_id or loaded.path} ({ckpt.name if ckpt else 'model'}, "
                                        f"boundaries {cfg.boundary.boundaries})"))
     print(f"written: {out}")
+    return 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class CalibrateArgs:
+    """Fit the logit offsets that make a learned policy's realised boundary rate equal the asked rate on held-out
+    text, at a grid of asked rates (interpolated between them, constant beyond), and save them beside the model
+    as rate_calibration.json: every later `--rate` (eval, generate, segment, show) and `model.set_rate()` uses
+    them. Training the run further removes the table (it would be stale).
+
+    examples:
+      learntok calibrate runs/variable                       # 9 rates over the model's --rate-range
+      learntok calibrate runs/fixed --rates 0.1 0.15 0.2 0.3 # any learned model: its logits shifted, calibrated"""
+
+    checkpoint: Annotated[str, tyro.conf.Positional]
+    """Run directory, checkpoint directory or exported model directory."""
+    rates: tuple[float, ...] = ()
+    """Asked rates to fit at (default: 9 log-spaced over the model's --rate-range, or over half to twice a
+    fixed-rate model's target)."""
+    data: str | None = None
+    """Held-out text instead of the run's split (needed for an exported model)."""
+    split: Literal["val", "test"] = "val"
+    """Split of the run's data to fit on (tune on validation; report on test)."""
+    max_bytes: int = 262_144
+    """Held-out bytes to fit on."""
+    greedy: bool = False
+    """Fit for greedy boundaries (p > 0.5) instead of one sample with --seed (the paper's evaluation)."""
+    seed: int = EVAL_SEED
+    """Seed of the boundary noise (learntok eval's)."""
+    out: str | None = None
+    """Directory to write rate_calibration.json into (default: beside the model)."""
+
+    def __post_init__(self) -> None:
+        if any(not 0 < r < 1 for r in self.rates):
+            raise ValueError(f"--rates must be in (0, 1), got {list(self.rates)}")
+        if self.max_bytes < 1:
+            raise ValueError("--max-bytes must be at least 1")
+
+
+def cmd_calibrate(argv: list[str]) -> int:
+    """`learntok calibrate CHECKPOINT [options]`: fit and save the model's rate calibration table."""
+    a = parse(CalibrateArgs, argv, "learntok calibrate", CalibrateArgs.__doc__ or "")
+    from learntok.config import DataConfig, TrainConfig
+    from learntok.data import ByteSequences
+    from learntok.evaluation.bpb import BoundaryMode
+    from learntok.evaluation.rates import calibrate, default_rates
+    from learntok.evaluation.report import heldout_documents
+    from learntok.pretrained import load
+
+    loaded = load(a.checkpoint)
+    model = loaded.model
+    if not model.boundary.rate_knob:
+        raise UsageError(f"{a.checkpoint}: --boundaries {model.bcfg.boundaries} has no rate knob to calibrate (a "
+                         "learned policy has)")
+    if loaded.cfg is None and a.data is None:
+        raise UsageError(f"{a.checkpoint} is an exported model, not a training run: give --data PATH to fit on")
+    if loaded.hub_id and a.out is None:
+        raise UsageError(f"{a.checkpoint} came from the Hub: give --out DIR for the calibration table")
+    cfg = loaded.cfg or TrainConfig(model=model.cfg, boundary=model.bcfg, data=DataConfig(seq_len=loaded.seq_len))
+    desc, docs = heldout_documents(cfg, a.data, a.split)
+    seqs = ByteSequences(docs, cfg.data.seq_len, cfg.data.pack, name=f"held-out data {desc}")
+    bm = BoundaryMode("greedy" if a.greedy else "sample", 1, a.seed)
+    model.boundary.calibration = None  # fit from the model's own logits
+    table = calibrate(model, seqs, a.rates or default_rates(model), bm, max_bytes=a.max_bytes,
+                      source=f"{desc}, first {a.max_bytes:,} bytes", log=lambda s: print(s, file=sys.stderr))
+    path = table.save(Path(a.out) if a.out else (loaded.run_dir or loaded.path))
+    worst = max(abs(r - g) for r, g in zip(table.rates, table.info["realised"]))
+    print(f"wrote {path}: {len(table.rates)} asked rates from {table.rates[0]:.4f} to {table.rates[-1]:.4f}, largest "
+          f"|realised - asked| {worst:.4f} on the text it was fitted on")
     return 0
 
 

@@ -14,6 +14,14 @@ from learntok.cli import UsageError, parse
 from learntok.draw import EVAL_SEED
 
 
+def ask_rate(model, rate: float) -> None:
+    """model.set_rate(rate), or a one-line error for a model without a rate knob."""
+    if not getattr(getattr(model, "boundary", None), "rate_knob", False):
+        raise UsageError(f"--rate: this model's boundaries ({model.bcfg.boundaries}) have no rate knob (a learned "
+                         "policy has)")
+    model.set_rate(rate)
+
+
 def read_input(text: str | None, file: str | None, default: bytes | None = None) -> bytes:
     """The bytes of --text, or of --file (`-` = stdin), or `default` (None: stdin); both flags is an error."""
     if text is not None and file is not None:
@@ -60,6 +68,9 @@ class GenerateArgs:
     """Stop a row when its output ends with this (repeatable)."""
     cache: bool = True
     """Cached steps (--no-cache recomputes the full forward pass every byte)."""
+    rate: float | None = None
+    """Ask a learned policy for this boundary rate (boundaries per byte; calibrated if `learntok calibrate` ran)
+    instead of its trained one."""
     device: str = "cpu"
     """cpu, cuda, cuda:N or auto."""
 
@@ -78,6 +89,8 @@ def cmd_generate(argv: list[str]) -> int:
     from learntok.pretrained import from_pretrained
 
     model = from_pretrained(a.checkpoint, resolve_device(a.device))
+    if a.rate is not None:
+        ask_rate(model, a.rate)
     single = len(a.prompt) == 1
     if single:
         sys.stdout.write(a.prompt[0])
@@ -117,6 +130,9 @@ class SegmentArgs:
     """Instead of the segments, print statistics as JSON: bytes per token (mean, CV), agreement with the
     whitespace rule, and boundary stability (flips under a shifted text and bf16 / int8 weights, greedy, on the
     first 64 KB); learntok.evaluation.stability."""
+    rate: float | None = None
+    """Ask a learned policy for this boundary rate (boundaries per byte; calibrated if `learntok calibrate` ran)
+    instead of its trained one."""
 
 
 def cmd_segment(argv: list[str]) -> int:
@@ -126,7 +142,8 @@ def cmd_segment(argv: list[str]) -> int:
     streamed = a.file not in (None, "-") and a.text is None and not a.stats  # a file: read in blocks
     data = b"" if streamed else read_input(a.text, a.file)
     path = input_path(a.file) if streamed else None
-    tok = LearnedTokenizer.from_pretrained(a.checkpoint, greedy=a.greedy, seed=a.seed)
+    more = {} if a.rate is None else {"rate": a.rate}
+    tok = LearnedTokenizer.from_pretrained(a.checkpoint, greedy=a.greedy, seed=a.seed, **more)
     if a.stats:
         from learntok.evaluation.stability import chunk_stats, stability
 

@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 import tyro
 
 from learntok.cli import UsageError, parse
-from learntok.cli.use import read_input
+from learntok.cli.use import ask_rate, read_input
 from learntok.draw import EVAL_SEED
 
 SAMPLE_TEXT = ("The quick brown fox jumps over the lazy dog. Tokenizers split text into pieces;\n"
@@ -54,6 +54,8 @@ class ShowArgs:
     """Terminal colours (auto: when stdout is a terminal; never: '|' before each boundary)."""
     quiet: bool = False
     """Do not print the map to the terminal."""
+    rate: float | None = None
+    """Ask a learned policy for this boundary rate (calibrated if `learntok calibrate` ran)."""
     device: str = "cpu"
     """cpu, cuda, cuda:N or auto."""
 
@@ -79,6 +81,8 @@ def cmd_show(argv: list[str]) -> int:
         print(f"note: mapping the first {a.max_bytes} of {len(data)} bytes (--max-bytes)", file=sys.stderr)
         data = data[:a.max_bytes]
     loaded = load(a.checkpoint, device=resolve_device(a.device))
+    if a.rate is not None:
+        ask_rate(loaded.model, a.rate)
     bmap = compute_map(loaded.model, data, window=max(1, loaded.seq_len - 1), seed=a.seed, greedy=a.greedy)
     if not a.quiet:
         color = None if a.color == "auto" else a.color == "always"
@@ -105,29 +109,40 @@ class PlotArgs:
     """Training curves of one or more runs from their metrics.jsonl: validation bits per byte against FLOPs and
     bytes, boundary rate and -log pi, loss terms, throughput.
 
+    With --rate-sweep, instead: bits per byte against realised boundary rate from each run's eval*.json, a line
+    for a run evaluated with `learntok eval --rate-sweep`, a point for one evaluated at one rate.
+
     examples:
       learntok plot runs/learned runs/uniform --out figs
-      learntok plot runs/tiny --format svg              # writes runs/tiny/plots/*.svg"""
+      learntok plot runs/tiny --format svg              # writes runs/tiny/plots/*.svg
+      learntok plot --rate-sweep runs/variable runs/fixed-0.1 runs/fixed-0.2 --out figs   # figs/rate_sweep.png"""
 
     runs: Annotated[tuple[str, ...], tyro.conf.Positional]
-    """Run directories (each with metrics.jsonl)."""
+    """Run directories (each with metrics.jsonl; with --rate-sweep, with eval*.json)."""
     out: str | None = None
     """Output directory (default: RUN_DIR/plots for one run, ./plots for several)."""
     format: Literal["png", "svg"] = "png"
     """Image format."""
+    rate_sweep: bool = False
+    """Plot BPB against realised rate from the runs' evaluations instead of training curves."""
 
 
 def cmd_plot(argv: list[str]) -> int:
     a = parse(PlotArgs, argv, "learntok plot", PlotArgs.__doc__ or "")
     if not a.runs:
         raise UsageError("learntok plot: give at least one run directory")
+    out = a.out or (Path(a.runs[0]) / "plots" if len(a.runs) == 1 else Path("plots"))
+    if a.rate_sweep:
+        from learntok.viz.rates import read_series, save_rate_plot
+
+        print(f"wrote {save_rate_plot([read_series(r) for r in a.runs], Path(out) / f'rate_sweep.{a.format}')}")
+        return 0
     from learntok.viz.curves import load_metrics, save_figures
 
     runs = [load_metrics(r) for r in a.runs]
     for run in runs:
         if run.skipped:
             print(f"note: {run.path}/metrics.jsonl: skipped {run.skipped} malformed line(s)", file=sys.stderr)
-    out = a.out or (Path(a.runs[0]) / "plots" if len(runs) == 1 else Path("plots"))
     for path in save_figures(runs, out, a.format):
         print(f"wrote {path}")
     return 0

@@ -51,6 +51,11 @@ class EvalConfig:
     heldout: bool = True
     robustness: bool = False
     """CUTE-style tasks and noised-text BPB on the held-out documents (learntok.evaluation.robustness)."""
+    rate: float | None = None
+    """Ask the model for this boundary rate throughout (learntok.evaluation.rates); None: its trained rate."""
+    rate_sweep: tuple[float, ...] = ()
+    """Also BPB and realised rate at each of these asked rates on the first `sweep_bytes` held-out bytes."""
+    sweep_bytes: int = 65_536
     progress: bool = True
 
 
@@ -100,7 +105,11 @@ def evaluate_model(cfg, model, opts: EvalConfig, log: Callable[[str], None] = pr
     finished; the held-out part, which comes last, is written with the whole report)."""
     t0 = time.perf_counter()
     bm = opts.mode
-    report: dict = {"eval_version": EVAL_VERSION, "boundaries": cfg.boundary.boundaries,
+    if opts.rate is not None:
+        model.set_rate(opts.rate)
+    calibrated = getattr(model.boundary, "calibration", None) is not None  # (the key only when true: older files)
+    report: dict = {"eval_version": EVAL_VERSION, "boundaries": cfg.boundary.boundaries, "asked_rate": opts.rate,
+                    **({"calibrated": True} if calibrated else {}),
                     "policy_window": cfg.boundary.policy_window if cfg.boundary.boundaries == "learned" else None,
                     "mode": {"mode": bm.mode, "samples": bm.draws, "seed": bm.seed,
                              "description": check_mode(model, bm)},
@@ -114,6 +123,17 @@ def evaluate_model(cfg, model, opts: EvalConfig, log: Callable[[str], None] = pr
         report["tasks"][name] = {"file": str(path), **res, "seconds": time.perf_counter() - t}
         log(f"{TASKS[name].title}: BPB {format_metric(res['bpb'], res['bpb_se'])}, "
             f"accuracy {format_metric(res['acc'], res['acc_se'])} (n={res['n']})")
+        if on_part is not None:
+            on_part(report)
+    if opts.rate_sweep:
+        from learntok.evaluation.rates import rate_sweep
+
+        t = time.perf_counter()
+        desc, docs = heldout_documents(cfg, opts.data, opts.split)
+        seqs = ByteSequences(docs, cfg.data.seq_len, cfg.data.pack, name=f"held-out data {desc}")
+        report["rate_sweep"] = {"data": desc, **rate_sweep(model, seqs, opts.rate_sweep, bm, max_bytes=opts.sweep_bytes,
+                                                          batch_size=opts.batch_size, log=log),
+                                "seconds": time.perf_counter() - t}
         if on_part is not None:
             on_part(report)
     if opts.heldout:
@@ -173,7 +193,7 @@ def write_eval(path: str | Path, report: dict) -> Path:
     return path
 
 
-SAME_EVAL = ("eval_version", "checkpoint", "mode", "limit")
+SAME_EVAL = ("eval_version", "checkpoint", "mode", "limit", "asked_rate", "calibrated")
 """Fields two reports must share for one to add to the other (same weights, same boundary draw, same subset)."""
 
 
@@ -183,7 +203,7 @@ def merge_eval(old: dict | None, new: dict) -> dict:
     if not old or any(old.get(k) != new.get(k) for k in SAME_EVAL):
         return new
     merged = {**new, "tasks": {**old.get("tasks", {}), **new.get("tasks", {})}}
-    for k in ("heldout", "boundary_stats", "flops", "diagnostics", "stability", "robustness"):
+    for k in ("heldout", "boundary_stats", "flops", "diagnostics", "stability", "robustness", "rate_sweep"):
         if merged.get(k) is None and old.get(k) is not None:
             merged[k] = old[k]
     return merged
@@ -216,6 +236,9 @@ def format_report(report: dict, title: str = "") -> str:
     """A readable table of a report."""
     lines = [title] if title else []
     lines.append(f"boundaries: {report['mode']['description']}")
+    if report.get("asked_rate") is not None:
+        lines.append(f"asked rate {report['asked_rate']:g}" + (" (calibrated)" if report.get("calibrated") else
+                                                               " (no calibration table: logit shifted only)"))
     if report.get("limit"):
         lines.append(f"(--limit {report['limit']}: a quick look, not the full evaluation)")
     if report["tasks"]:
@@ -262,6 +285,11 @@ def format_report(report: dict, title: str = "") -> str:
                   f"rate {d['rate']:.3f}",
                   f"  vs SpaceByte F1 {_f(d['spacebyte_f1'])} (chance {_f(d['spacebyte_f1_chance'])}), one byte later "
                   f"(word starts) F1 {_f(d['wordstart_f1'])}"]
+    sw = report.get("rate_sweep")
+    if sw:
+        from learntok.evaluation.rates import format_sweep
+
+        lines += ["", f"rate sweep ({sw['data']}: {sw['bytes']:,} bytes)", format_sweep(sw)]
     st = report.get("stability")
     if st:
         lines += ["", format_stability(st)]

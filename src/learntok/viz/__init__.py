@@ -16,6 +16,7 @@ _EXPORTS = {
     "save_map_png": "mpl", "map_image": "mpl",
     "load_metrics": "curves", "save_figures": "curves",
     "build_report": "report", "write_report": "report",
+    "plot_rate_sweeps": "rates", "save_rate_plot": "rates",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,0 +1,279 @@
+"""One model for any rate, the model side: per-row targets and their strata in the estimator (exact, by
+enumeration), the training draws, set_rate, no lookahead and exact cached generation at every rate."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from learntok.boundaries.learned import LearnedBoundaries, LearnedConfig
+from learntok.boundaries.rates import Calibration, Rates, draw_rates, interp
+from learntok.boundaries.reinforce import BatchStatistics
+
+from .conftest import build_model
+from .test_generate import assert_cached_steps_equal_full_forward
+from .test_model import _ids
+
+T, D = 3, 4  # bytes per row (a_0 forced: 2 free decisions, 4 patterns), width
+RATES = torch.tensor([0.15, 0.15, 0.35, 0.35])
+GROUPS = torch.tensor([0, 0, 1, 1])
+
+
+def _policy(**cfg) -> LearnedBoundaries:
+    torch.manual_seed(0)
+    base = dict(policy_window=1, logit_scale=1.0, target_rate=0.2, rate_range=(0.1, 0.4), rate_strata=2,
+                lambda_policy=1.0, lambda_target=0.0, logit_softcap=0.0, gamma=1.0)
+    pol = LearnedBoundaries(LearnedConfig(**{**base, **cfg}), D).train()
+    pol.reset_parameters(0.02)
+    with torch.no_grad():  # a policy whose content term and rate embedding both matter
+        pol.proj.weight.normal_(0, 1.0)
+        pol.film.out.weight.normal_(0, 0.5)
+    return pol
+
+
+def _text():
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(1, T, D, generator=g)
+    v = torch.randn(T, generator=g)
+    m = 2 * torch.tril(torch.randn(T, T, generator=g), diagonal=-1) + torch.eye(T)
+    early = torch.randn(T, generator=g) - 1.0
+    return x, (lambda a: torch.nn.functional.logsigmoid(v + a.float() @ m.T)), early
+
+
+def _patterns() -> torch.Tensor:
+    free = torch.tensor(list(itertools.product([0, 1], repeat=T - 1)), dtype=torch.bool)
+    return torch.cat([torch.ones(len(free), 1, dtype=torch.bool), free], 1)  # (4,T)
+
+
+def _forcing(p: torch.Tensor) -> torch.Tensor:
+    return torch.where(p, torch.zeros(()), torch.full((), 1 - 1e-7))
+
+
+def _log_pi(pol, x, rate: float) -> torch.Tensor:
+    """(4,) log-probability of each pattern for a row at `rate`, with gradient."""
+    pats = _patterns()
+    out = pol.propose(x.expand(len(pats), T, D), torch.zeros(len(pats), T, dtype=torch.long), noise=_forcing(pats),
+                      generator=None, rates=Rates.fill(rate, len(pats), "cpu"))
+    return out.log_prob[:, 1:].sum(1)
+
+
+def _exact(pol, x, logp, early, rate: float, params) -> torch.Tensor:
+    """grad of J(rate) = sum_a pi_rate(a) sum_t r_t(a), by enumeration."""
+    j = (_log_pi(pol, x, rate).exp() * (logp(_patterns()) - early).sum(1)).sum()
+    return torch.cat([g.flatten() for g in torch.autograd.grad(j, params)])
+
+
+def _expected(pol, x, logp, early, params, group) -> torch.Tensor:
+    """E over every batch of 4 rows (rates RATES) of the per-row estimate that `losses` gives."""
+    pats = _patterns()
+    probs = {float(r): _log_pi(pol, x, float(r)).detach().exp() for r in RATES.unique()}
+    total = torch.zeros(sum(p.numel() for p in params))
+    for combo in itertools.product(range(len(pats)), repeat=len(RATES)):
+        w = float(np.prod([float(probs[float(r)][c]) for r, c in zip(RATES, combo)]))
+        batch = pats[list(combo)]
+        out = pol.propose(x.expand(4, T, D), torch.zeros(4, T, dtype=torch.long), noise=_forcing(batch),
+                          generator=None, rates=Rates(RATES, group=group))
+        assert torch.equal(out.mask, batch)
+        terms = pol.losses(out, logp(out.mask), early.expand(4, T), torch.ones(4, T, dtype=torch.bool))
+        grads = torch.autograd.grad(terms["loss/policy"], params)
+        total += w * -(T - 1) * torch.cat([g.flatten() for g in grads])
+    return total
+
+
+def test_mixed_targets_give_each_row_the_gradient_at_its_own_rate_shrunk_by_its_stratum():
+    """Rows at two targets in two strata, through the real losses (gamma = 1): the expected update is exactly
+    mean over rows of (1 - 1/n_s) grad J(r_b), n_s = rows of the row's stratum: every row's policy gradient at its
+    own rate, unbiased in direction. Controls: one baseline over the whole batch shrinks by (1 - 1/B) instead,
+    and the gradient at one shared rate is another direction."""
+    pol = _policy()
+    x, logp, early = _text()
+    params = [pol.proj.weight, pol.film.out.weight]
+    at = {float(r): _exact(pol, x, logp, early, float(r), params) for r in RATES.unique()}
+    want = sum((1 - 1 / 2) * at[float(r)] for r in RATES) / 4
+    got = _expected(pol, x, logp, early, params, GROUPS)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+    one_group = _expected(pol, x, logp, early, params, torch.zeros(4, dtype=torch.long))
+    torch.testing.assert_close(one_group, sum((1 - 1 / 4) * at[float(r)] for r in RATES) / 4, rtol=1e-4, atol=1e-6)
+    low, high = at.values()
+    assert (low - high).norm() > 0.2 * (low + high).norm() / 2  # the rates do change the gradient
+
+
+def test_rate_loss_pushes_each_stratum_by_its_own_error():
+    """eq. 24 per stratum: sum_b (sum_t l_bt) (mean p of b's stratum - r_b) / decisions."""
+    pol = _policy(lambda_target=1.0)
+    x = torch.randn(4, 6, D)
+    rates = Rates(torch.tensor([0.1, 0.1, 0.3, 0.3]), group=GROUPS)
+    out = pol.propose(x, torch.zeros(4, 6, dtype=torch.long), noise=None, generator=torch.Generator().manual_seed(0),
+                      rates=rates)
+    valid = torch.ones(4, 6, dtype=torch.bool)
+    terms = pol.losses(out, torch.zeros(4, 6), torch.zeros(4, 6), valid)
+    free = out.free.float()
+    p_s = torch.stack([(out.probs * free)[GROUPS == s].sum() / free[GROUPS == s].sum() for s in (0, 1)])
+    want = ((out.logits * free).sum(1) * (p_s[GROUPS] - rates.value)).sum() / free.sum()
+    torch.testing.assert_close(terms["loss/target"], want)
+    assert float(terms["boundary/target"]) == pytest.approx(0.2)
+
+
+def test_batch_statistics_round_trip_per_stratum():
+    s = BatchStatistics(*(torch.randn(2, 5) for _ in range(3)), p_sum=torch.randn(2), n=torch.randn(2))
+    back = s.unstacked(s.stacked())
+    assert all(torch.equal(a, b) for a, b in zip(s._parts(), back._parts()))
+
+
+def test_training_draws_are_stratified_keyed_and_in_range():
+    rows = np.arange(8)
+    r, s = draw_rates(3, 10, rows, 8, (0.1, 0.4), 4, "log-uniform")
+    assert s.tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert (r[::2] == r[1::2]).all() and np.all(np.diff(r[::2]) > 0)  # one target per block, rising slices
+    assert r2_equal(draw_rates(3, 10, rows[4:], 8, (0.1, 0.4), 4, "log-uniform")[0], r[4:])  # any rank agrees
+    assert not np.array_equal(draw_rates(3, 11, rows, 8, (0.1, 0.4), 4, "log-uniform")[0], r)
+    many = np.array([draw_rates(0, k, rows[:1], 8, (0.1, 0.4), 1, "log-uniform")[0][0] for k in range(4000)])
+    assert many.min() >= 0.1 and many.max() <= 0.4
+    # log-uniform: the median is the geometric mean of the ends (uniform would put it at 0.25)
+    assert np.median(many) == pytest.approx(0.2, abs=0.01)
+    uni = np.array([draw_rates(0, k, rows[:1], 8, (0.1, 0.4), 1, "uniform")[0][0] for k in range(4000)])
+    assert np.median(uni) == pytest.approx(0.25, abs=0.01)
+
+
+def r2_equal(a, b) -> bool:
+    return np.array_equal(np.asarray(a), np.asarray(b))
+
+
+def _variable(tmp_path, **kw):
+    return build_model("learned", tmp_path, policy_window=1, value_baseline=True, rate_range=(0.1, 0.4),
+                       rate_tokens=True, **kw)
+
+
+@pytest.mark.parametrize("rate", [0.1, 0.2, 0.4])
+@pytest.mark.parametrize("kind", ["variable", "fixed"])
+def test_no_lookahead_at_every_rate(kind, rate, tmp_path):
+    """Changing bytes j.. moves nothing before j when the model is asked for `rate` (a variable-rate model
+    conditioned on it, a fixed-rate one shifted to it)."""
+    m = _variable(tmp_path) if kind == "variable" else build_model("learned", tmp_path, policy_window=1)
+    with torch.no_grad():
+        for e in m.boundary._embeddings():
+            e.out.weight.normal_(0, 0.3)  # trained-like embeddings, so the rate reaches everything it can
+    m.set_rate(rate)
+    B, L, j = 3, 48, 21
+    seq, seq2 = _ids(B, L, 1), _ids(B, L, 1)
+    seq2[:, j:] = _ids(B, L, 2)[:, j:]
+    noise = torch.rand(B, L, generator=torch.Generator().manual_seed(3))
+    o1, o2 = m(seq[:, :-1], seq[:, 1:], noise=noise), m(seq2[:, :-1], seq2[:, 1:], noise=noise)
+    torch.testing.assert_close(o1.logits[:, :j], o2.logits[:, :j], rtol=0, atol=1e-5)
+    assert torch.equal(o1.boundaries.mask[:, :j], o2.boundaries.mask[:, :j])
+    assert not torch.allclose(o1.logits[:, j:], o2.logits[:, j:])
+
+
+@pytest.mark.parametrize("rate", [0.1, 0.35])
+def test_cached_generation_is_exact_at_any_rate(rate, tmp_path):
+    m = _variable(tmp_path, model_kw={"byte_window": 8}).eval()
+    with torch.no_grad():
+        for e in m.boundary._embeddings():
+            e.out.weight.normal_(0, 0.3)
+    m.set_rate(rate)
+    assert_cached_steps_equal_full_forward(m)
+
+
+def test_asked_rate_moves_the_realised_rate_and_set_rate_checks_its_input(tmp_path):
+    ids = _ids(4, 256, 0)[:, :-1]
+    for m in (_variable(tmp_path).eval(), build_model("learned", tmp_path, policy_window=1).eval()):
+        realised = []
+        for r in (0.1, 0.2, 0.4):
+            m.set_rate(r)
+            realised.append(float(m(ids, generator=torch.Generator().manual_seed(0)).boundaries.mask[:, 1:].float()
+                                  .mean()))
+        assert realised[0] < realised[1] < realised[2]
+        assert realised[0] == pytest.approx(0.1, abs=0.05) and realised[2] == pytest.approx(0.4, abs=0.07)
+        with pytest.raises(ValueError, match="in \\(0, 1\\)"):
+            m.set_rate(1.5)
+    with pytest.raises(ValueError, match="no rate knob"):
+        build_model("uniform", tmp_path).set_rate(0.3)
+    with pytest.raises(ValueError, match="takes no target rates"):
+        build_model("uniform", tmp_path)(ids, rates=Rates.fill(0.2, 4, "cpu"))
+
+
+def test_fixed_rate_model_asked_its_own_rate_draws_what_it_draws_unasked(tmp_path):
+    m = build_model("learned", tmp_path, policy_window=1).eval()
+    ids, noise = _ids(2, 64, 0)[:, :-1], torch.rand(2, 64, generator=torch.Generator().manual_seed(1))
+    plain = m(ids, noise=noise)
+    m.set_rate(0.2)
+    asked = m(ids, noise=noise)
+    assert torch.equal(plain.boundaries.mask, asked.boundaries.mask)
+    torch.testing.assert_close(plain.logits, asked.logits)
+
+
+def test_config_checks_the_range():
+    with pytest.raises(ValueError, match="0 < LOW < HIGH < 1"):
+        LearnedConfig(rate_range=(0.3, 0.1))
+    with pytest.raises(ValueError, match="must lie in rate_range"):
+        LearnedConfig(rate_range=(0.25, 0.4))
+    with pytest.raises(ValueError, match="need rate_range"):
+        LearnedConfig(rate_strata=2)
+    assert LearnedConfig(rate_range=[0.1, 0.3]).rate_range == (0.1, 0.3)  # a config file's list
+
+
+def test_calibration_interpolates_in_logit_and_round_trips(tmp_path):
+    cal = Calibration((0.1, 0.2, 0.4), (-0.5, 0.0, 1.0), {"bytes": 10})
+    got = cal.offset(torch.tensor([0.05, 0.1, 0.2, 0.3, 0.4, 0.6]))
+    mid, x, hi = (float(np.log(r / (1 - r))) for r in (0.2, 0.3, 0.4))  # between 0.2 and 0.4: linear in logit
+    torch.testing.assert_close(got, torch.tensor([-0.5, -0.5, 0.0, (x - mid) / (hi - mid), 1.0, 1.0]))
+    cal.save(tmp_path)
+    back = Calibration.load(tmp_path)
+    assert back.rates == cal.rates and back.offsets == cal.offsets and back.info == {"bytes": 10}
+    assert Calibration.load(tmp_path / "nowhere") is None
+    torch.testing.assert_close(interp(torch.tensor([0.0, 2.0]), [1.0], [3.0]), torch.tensor([3.0, 3.0]))
+
+
+@pytest.fixture
+def variable_cfg(tmp_path, text_corpus):
+    from learntok.boundaries import boundary_config
+
+    from .conftest import tiny_train_config
+
+    bcfg = boundary_config("learned", policy_window=1, value_baseline=True, rate_range=(0.1, 0.4), rate_strata=2,
+                           rate_tokens=True, normalize_advantage=True)
+    return tiny_train_config(tmp_path / "x", text_corpus, max_steps=4, batch_size=4, lr=1e-2, boundary=bcfg)
+
+
+def test_strata_reduced_over_micro_batches_equal_one_batch(tmp_path, variable_cfg):
+    """Each stratum (2 rows) spans two micro-batches of one row: the pre-pass's per-stratum global statistics make
+    the updates of one batch of 4; each micro-batch's own statistics would not (the check can fail)."""
+    from dataclasses import replace
+
+    import learntok.train.parallel as parallel
+
+    from .test_distributed import _assert_same, _run, _weights
+
+    _run(replace(variable_cfg, out=str(tmp_path / "full")), world=1)
+    _run(replace(variable_cfg, out=str(tmp_path / "acc"), micro_batch_size=1), world=1)
+    _assert_same(_weights(tmp_path / "full"), _weights(tmp_path / "acc"), atol=2e-5)
+    orig = parallel.GlobalStats.reducer
+    try:
+        parallel.GlobalStats.reducer = lambda self, pre_pass: None
+        _run(replace(variable_cfg, out=str(tmp_path / "local"), micro_batch_size=2), world=1)
+    finally:
+        parallel.GlobalStats.reducer = orig
+    a, b = _weights(tmp_path / "full"), _weights(tmp_path / "local")
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) > 1e-4
+
+
+def test_variable_rate_run_resumes_like_uninterrupted_and_logs_its_targets(tmp_path, variable_cfg):
+    import json
+    import shutil
+    from dataclasses import replace
+
+    from .test_distributed import _assert_same, _run, _weights
+
+    _run(replace(variable_cfg, out=str(tmp_path / "full")), world=1)
+    part = replace(variable_cfg, out=str(tmp_path / "part"), ckpt_every=2)
+    _run(part, world=1)
+    shutil.rmtree(tmp_path / "part" / "step_000004")
+    (tmp_path / "part" / "latest").write_text("step_000002\n")
+    _run(replace(part, resume=str(tmp_path / "part")), world=1)
+    _assert_same(_weights(tmp_path / "full"), _weights(tmp_path / "part"), atol=1e-7)
+    rows = [json.loads(x) for x in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
+    targets = [r["boundary/target"] for r in rows if "boundary/target" in r]
+    assert len(targets) == 4 and all(0.1 <= t <= 0.4 for t in targets) and len(set(targets)) == 4
