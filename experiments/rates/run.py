@@ -39,6 +39,10 @@ ARMS: dict[str, list[str]] = {
     **{f"fixed-{r:g}": [*POLICY, "--target-rate", f"{r:g}"] for r in RATES},
     **{f"uniform-{r:g}": ["--boundaries", "uniform", "--target-rate", f"{r:g}"] for r in RATES},
     "variable": [*POLICY, "--target-rate", "0.2", "--rate-range", *map(str, RANGE)],
+    # screened on validation at seed 0 against `variable`: the rate also given to the token stack; two targets per
+    # step (two strata of 4 rows, each with its own baseline and rate loss)
+    "variable-tokens": [*POLICY, "--target-rate", "0.2", "--rate-range", *map(str, RANGE), "--rate-tokens"],
+    "variable-s2": [*POLICY, "--target-rate", "0.2", "--rate-range", *map(str, RANGE), "--rate-strata", "2"],
 }
 
 
