@@ -277,3 +277,55 @@ def test_variable_rate_run_resumes_like_uninterrupted_and_logs_its_targets(tmp_p
     rows = [json.loads(x) for x in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
     targets = [r["boundary/target"] for r in rows if "boundary/target" in r]
     assert len(targets) == 4 and all(0.1 <= t <= 0.4 for t in targets) and len(set(targets)) == 4
+
+
+@pytest.mark.slow
+def test_calibrated_rates_on_a_planted_language_keep_boundaries_at_word_ends(tmp_path):
+    """The planted language with spaces (tests/test_planted.py's test-sized benchmark), a variable-rate policy
+    trained 300 steps over rates 0.08-0.3, calibrated on validation at the word rate and at half of it. On test
+    text: each realised rate within 0.01 of the asked one; at the word rate the boundaries are the word ends
+    (recall and precision high); at half the rate they are still word ends (precision high) and half of them
+    (recall about 0.5): every other word, on average. Without the calibration the half rate is missed by far
+    (this short run has not learned to lower its rate on its own), so the check on calibration can fail."""
+    import json
+
+    from learntok.boundaries import boundary_config
+    from learntok.checkpoint import load_run
+    from learntok.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
+    from learntok.data import ByteSequences, load_split
+    from learntok.data.planted import PlantedLanguage, PlantedSpec
+    from learntok.evaluation.bpb import BoundaryMode, heldout_bpb
+    from learntok.evaluation.rates import asking, calibrate
+    from learntok.evaluation.stats import BoundaryStats
+    from learntok.train import train
+
+    lang = PlantedLanguage(PlantedSpec(vocab=64, successors=8))
+    data = lang.write(tmp_path / "data", train_bytes=1e6, val_bytes=3e4, test_bytes=3e4)
+    word = 1 / json.loads((data / "planted.json").read_text())["mean_word_bytes"]
+    policy = dict(gamma=0.9, normalize_advantage=True, detach_encoder=True, policy_window=0, logit_scale=1.0,
+                  policy_norm=True, rate_range=(0.08, 0.3), target_rate=word, pooling="mean")
+    cfg = TrainConfig(out=str(tmp_path / "run"), model=ModelConfig(d_model=64, n_heads=2, n_down=1, n_mid=2, n_up=1,
+                                                                   byte_window=2),
+                      boundary=boundary_config("learned", **policy),
+                      data=DataConfig(source=str(data), seq_len=128, val_bytes=128 * 64),
+                      optim=OptimConfig(lr=6e-3, warmup_bytes=1e4), batch_size=8, max_steps=300, eval_every=0,
+                      ckpt_every=0, log_every=50, progress=False, seed=0)
+    train(cfg, log=lambda *_: None)
+    cfg, model = load_run(tmp_path / "run")
+    seqs = {s: ByteSequences(load_split(cfg.data, s)[1], 128) for s in ("val", "test")}
+    model.boundary.calibration = calibrate(model, seqs["val"], [word / 2, word], max_bytes=1 << 20)
+    planted = ByteSequences(load_split(cfg.data, "test")[1], 128, annotate=lang.boundaries)
+    got = {}
+    for r in (word / 2, word):
+        for calibrated in (True, False):
+            stats = BoundaryStats()
+            with asking(model, r, calibration=calibrated):
+                heldout_bpb(model, seqs["test"], BoundaryMode(), max_bytes=1 << 20, references={"planted": planted},
+                            stats=stats)
+            got[r, calibrated] = stats.result()
+    for r in (word / 2, word):
+        assert abs(got[r, True]["rate"] - r) < 0.01, (r, got[r, True]["rate"])
+        assert got[r, True]["agreement"]["planted"]["precision"] > 0.9
+    assert got[word, True]["agreement"]["planted"]["recall"] > 0.85
+    assert 0.35 < got[word / 2, True]["agreement"]["planted"]["recall"] < 0.65
+    assert abs(got[word / 2, False]["rate"] - word / 2) > 0.03
