@@ -32,6 +32,8 @@ SHORTER = {
         ["--time-budget", "3", "--val-bytes", "4096"],
     "learntok train --resume runs/wiki --time-budget 2400": ["--time-budget", "5"],
     "learntok train --config run.toml --lr 1e-3": ["--max-steps", "2", "--out", "runs/c"],
+    "learntok train --rate-range 0.1 0.33 --out runs/any": ["--max-steps", "2"],
+    "learntok calibrate runs/any": ["--max-bytes", "8192"],
     "learntok eval runs/wiki": ["--limit", "2", "--max-bytes", "4096"],
     "learntok generate runs/wiki --prompt \"The river\"": ["--max-new-bytes", "8"],
 }
