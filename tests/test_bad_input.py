@@ -30,6 +30,10 @@ def test_output_into_a_closed_pipe_is_quiet(argv):
     (["generate", "RUN", "--prompt", "a", "--max-new-bytes", "-5"], "--max-new-bytes"),
     (["push", "RUN", "not-an-id"], "'not-an-id' is not a Hub repository id"),
     (["eval-data", "download"], "eval-data"),
+    (["train", "--rate-range", "0.3", "0.1"], "0 < LOW < HIGH < 1"),
+    (["train", "--rate-range", "0.25", "0.4"], "must lie in rate_range"),
+    (["train", "--rate-strata", "2"], "need rate_range"),
+    (["train", "--rate-range", "0.1", "0.3", "--rate-strata", "3"], "--rate-strata 3 must cut batch_size=8"),
     (["nosuchcommand"], "unknown command 'nosuchcommand'"),
 ])
 def test_bad_flags_are_one_line_before_the_data_is_read(tmp_path, monkeypatch, capsys, argv, message):
