@@ -329,3 +329,42 @@ def test_calibrated_rates_on_a_planted_language_keep_boundaries_at_word_ends(tmp
     assert got[word, True]["agreement"]["planted"]["recall"] > 0.85
     assert 0.35 < got[word / 2, True]["agreement"]["planted"]["recall"] < 0.65
     assert abs(got[word / 2, False]["rate"] - word / 2) > 0.03
+
+
+def test_the_rate_controller_learns_from_the_rate_loss_alone():
+    """--rate-controller: c(r) sits in every logit of its row (the draws use it), but only the rate loss trains it:
+    no policy gradient reaches it, and the rate loss gives it exactly sum_b (decisions_b / n) err_s(b) dc(r_b)."""
+    pol = _policy(rate_controller=True, lambda_target=1.0, policy_window=0)
+    with torch.no_grad():
+        pol.controller.offset.copy_(torch.linspace(-0.5, 0.5, len(pol.controller.offset)))
+    x = torch.randn(4, 16, D)
+    rates = Rates(torch.tensor([0.12, 0.12, 0.3, 0.3]), group=GROUPS)
+    noise = torch.rand(4, 16, generator=torch.Generator().manual_seed(0))
+    out = pol.propose(x, torch.zeros(4, 16, dtype=torch.long), noise=noise, generator=None, rates=rates)
+    plain = _policy(lambda_target=1.0, policy_window=0).propose(x, torch.zeros(4, 16, dtype=torch.long), noise=noise,
+                                                                generator=None, rates=rates)
+    free = out.free
+    torch.testing.assert_close((out.logits - plain.logits)[free], out.control.detach()[:, None].expand(4, 16)[free])
+    terms = pol.losses(out, torch.randn(4, 16), torch.randn(4, 16), torch.ones(4, 16, dtype=torch.bool))
+    g_pol, = torch.autograd.grad(terms["loss/policy"], pol.controller.offset, allow_unused=True, retain_graph=True)
+    assert g_pol is None or float(g_pol.abs().max()) == 0.0
+    g_rate, = torch.autograd.grad(terms["loss/target"], pol.controller.offset)
+    f = free.float()
+    p_s = torch.stack([(out.probs * f)[GROUPS == s].sum() / f[GROUPS == s].sum() for s in (0, 1)]).detach()
+    err = p_s[GROUPS] - rates.value
+    want, = torch.autograd.grad((f.sum(1) / f.sum() * err * pol.controller(rates.value)).sum(), pol.controller.offset)
+    torch.testing.assert_close(g_rate, want)
+    assert float(want.abs().sum()) > 0
+
+
+def test_the_controller_has_its_own_learning_rate(tmp_path):
+    from learntok.config import OptimConfig
+    from learntok.train.schedule import group_lr, make_optimizer
+
+    m = _variable(tmp_path, rate_controller=True)
+    opt = make_optimizer(m, OptimConfig())
+    scaled = [g for g in opt.param_groups if "lr_scale" in g]
+    assert len(scaled) == 1 and scaled[0]["params"] == [m.boundary.controller.offset]
+    assert scaled[0]["weight_decay"] == 0.0 and group_lr(scaled[0], 1e-3) == pytest.approx(3e-2)
+    assert all(m.boundary.controller.offset is not p for g in opt.param_groups if "lr_scale" not in g
+               for p in g["params"])

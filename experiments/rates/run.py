@@ -44,6 +44,11 @@ ARMS: dict[str, list[str]] = {
     # step (two strata of 4 rows, each with its own baseline and rate loss)
     "variable-tokens": [*POLICY, "--target-rate", "0.2", "--rate-range", *map(str, RANGE), "--rate-tokens"],
     "variable-s2": [*POLICY, "--target-rate", "0.2", "--rate-range", *map(str, RANGE), "--rate-strata", "2"],
+    # a learned per-target logit offset trained by the rate loss alone (an integral controller per target)
+    "variable-ctl": [*POLICY, "--target-rate", "0.2", "--rate-range", *map(str, RANGE), "--rate-controller"],
+    # the control for the machinery: a variable-rate model whose range is almost one rate (0.19-0.21) should
+    # match fixed-0.2 if the conditioning itself costs nothing; what it loses, the range costs
+    "variable-narrow": [*POLICY, "--target-rate", "0.2", "--rate-range", "0.19", "0.21"],
 }
 
 
@@ -182,7 +187,7 @@ def cmd_evaluate(args) -> None:
 
 CHOSEN = "variable"
 """The variable-rate arm the comparison reports (chosen on validation at seed 0 among the screened variants)."""
-SCREEN = ("variable", "variable-tokens", "variable-s2")
+SCREEN = ("variable", "variable-tokens", "variable-s2", "variable-ctl", "variable-narrow")
 SHIFTED = "fixed-0.2"
 """The fixed-rate model forced to other rates (logits shifted, then calibrated)."""
 TOLERANCE = 0.02

@@ -37,7 +37,7 @@ from learntok.boundaries.base import (
     boundary_uniforms,
     forced_positions,
 )
-from learntok.boundaries.rates import RATE_CALIBRATION, Calibration, RateEmbedding, Rates, draw_rates
+from learntok.boundaries.rates import RATE_CALIBRATION, Calibration, RateController, RateEmbedding, Rates, draw_rates
 from learntok.boundaries.reinforce import (
     SCAN_MAX_WINDOW,
     BatchStatistics,
@@ -100,6 +100,9 @@ class LearnedConfig(SampledConfig):
     """With --rate-range: how targets are drawn (log-uniform: equal weight per factor of rate)."""
     rate_tokens: bool = False
     """With --rate-range: also add a rate embedding to every token-level input (the token stack knows the rate)."""
+    rate_controller: bool = False
+    """With --rate-range: a learned logit offset per target (piecewise linear in logit(r)), trained by the rate loss
+    alone: an integral controller per target, so training realises the targets it draws."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -111,8 +114,8 @@ class LearnedConfig(SampledConfig):
             if not lo <= self.target_rate <= hi:
                 raise ValueError(f"target_rate {self.target_rate:g} (the rate asked by default) must lie in "
                                  f"rate_range [{lo:g}, {hi:g}]")
-        elif self.rate_strata != 1 or self.rate_tokens:
-            raise ValueError("rate_strata and rate_tokens need rate_range (a variable-rate model)")
+        elif self.rate_strata != 1 or self.rate_tokens or self.rate_controller:
+            raise ValueError("rate_strata, rate_tokens and rate_controller need rate_range (a variable-rate model)")
         if self.rate_strata < 1:
             raise ValueError(f"rate_strata must be >= 1, got {self.rate_strata}")
         if self.policy_window < 0:
@@ -133,6 +136,8 @@ class LearnedOutput(BoundaryOutput):
     """(B,) each row's target rate when rates were given or asked (variable-rate models: always), else None."""
     group: torch.Tensor | None = None
     """(B,) long stratum of each row in variable-rate training, else None (one group)."""
+    control: torch.Tensor | None = None
+    """(B,) the rate controller's c(r_b) with gradient (--rate-controller), else None."""
 
 
 @dataclass(kw_only=True)
@@ -165,6 +170,7 @@ class LearnedBoundaries(BoundaryStrategy):
         self.film = RateEmbedding(2 * dim, cfg.target_rate) if variable else None
         self.value_rate = RateEmbedding(1, cfg.target_rate) if variable and cfg.value_baseline else None
         self.token_rate = RateEmbedding(dim, cfg.target_rate) if cfg.rate_tokens else None
+        self.controller = RateController(cfg.rate_range) if cfg.rate_controller else None
         self.asked: float | None = None
         """The rate `set_rate` asked for (None: the trained default, cfg.target_rate)."""
         self.calibration: Calibration | None = None
@@ -178,6 +184,8 @@ class LearnedBoundaries(BoundaryStrategy):
         for e in self._embeddings():  # phi(r) is O(1): unit-scale first layer; zero output (no effect at init)
             nn.init.normal_(e.inp.weight, std=1.0)
             e.zero_output()
+        if self.controller is not None:
+            nn.init.zeros_(self.controller.offset)
 
     def matrix_params(self) -> int:
         """Per-byte matrices only: a rate embedding runs once per row, not per byte."""
@@ -209,11 +217,15 @@ class LearnedBoundaries(BoundaryStrategy):
             return Rates.fill(self.cfg.target_rate, B, device)
         return None
 
-    def _bias(self, rates: Rates | None) -> torch.Tensor | float:
-        """logit(pi_target), or per row (B,1) logit(r_b) + its offset: given, or the calibration's (evaluation)."""
+    def _bias(self, rates: Rates | None, control: torch.Tensor | None = None) -> torch.Tensor | float:
+        """logit(pi_target), or per row (B,1) logit(r_b) + the controller's c(r_b) (its value: `control`, computed
+        by the caller, which keeps its gradient for the rate loss) + an offset: given, or the calibration's
+        (evaluation)."""
         if rates is None:
             return self.bias
         bias = torch.logit(rates.value.float())
+        if control is not None:
+            bias = bias + control.detach()
         if rates.offset is not None:
             bias = bias + rates.offset.float()
         elif self.calibration is not None and not self.training:
@@ -262,7 +274,8 @@ class LearnedBoundaries(BoundaryStrategy):
         rates = self._rates(rates, B, x.device)
         h = x.detach() if cfg.detach_encoder else x
         c = self.proj(self._condition(self.norm(h), rates)).float() / cfg.logit_scale  # (B,T,w+1)
-        base, coef = c[..., 0] + self._bias(rates), c[..., 1:]  # (B,T), (B,T,w)
+        control = self.controller(rates.value) if self.controller is not None else None  # (B,) with grad
+        base, coef = c[..., 0] + self._bias(rates, control), c[..., 1:]  # (B,T), (B,T,w)
         cap = cfg.logit_softcap if self.training else 0.0
         forced = forced_positions(B, T, cfg.force_last, x.device)
         noise = boundary_uniforms(noise, (B, T), greedy=not self.training and cfg.eval_boundaries == "greedy",
@@ -280,7 +293,7 @@ class LearnedBoundaries(BoundaryStrategy):
         return LearnedOutput(mask=mask, probs=torch.sigmoid(logits), logits=logits, log_prob=log_prob,
                              free=~forced, stats={"boundary/sample_rounds": rounds}, value=value,
                              rate=None if rates is None else rates.value,
-                             group=None if rates is None else rates.group)
+                             group=None if rates is None else rates.group, control=control)
 
     def init_step_state(self, batch, noise):
         rates = self._rates(None, batch, noise.device)
@@ -289,7 +302,7 @@ class LearnedBoundaries(BoundaryStrategy):
             film = self.film(rates.value).chunk(2, -1)
         if self.token_rate is not None:
             token = self.token_rate(rates.value)
-        bias = self._bias(rates)
+        bias = self._bias(rates, self.controller(rates.value) if self.controller is not None else None)
         return LearnedState(noise=noise, prev=torch.zeros(batch, self.cfg.policy_window, device=noise.device),
                             bias=bias if isinstance(bias, float) else bias[:, 0], film=film, token_rate=token)
 
@@ -369,6 +382,8 @@ class LearnedBoundaries(BoundaryStrategy):
         else:  # eq. 24 per stratum: each row's logits pushed by its stratum's mean(p) minus its target
             err = (p_mean[0] if group is None else p_mean[group]) - rate.float()  # (B,)
             target = ((out.logits * kf).sum(1) * err.detach()).sum() / n
+            if getattr(out, "control", None) is not None:  # the controller: its value sits in every logit of its row
+                target = target + (out.control * kf.sum(1) * err.detach()).sum() / n
             extra["boundary/target"] = (rate.float()[:, None] * kf).sum() / n
         return {
             "loss/policy": cfg.lambda_policy * policy,

@@ -94,6 +94,34 @@ class RateEmbedding(nn.Module):
         return self.out(nn.functional.silu(self.inp(phi)))
 
 
+class RateController(nn.Module):
+    """c(r): a learned logit offset per target rate, piecewise linear in logit(r) over `knots` points spanning the
+    training range (constant beyond), zero at initialisation. It is trained by the rate loss alone (the policy
+    uses its value without gradient), so it acts as an integral controller for each target, the online
+    counterpart of the calibration table: without it, a per-step target moves the shared logits, and the
+    rate of one target is learned only through the policy's other parameters (measured: asked 0.09, a
+    variable-rate model drew 0.146)."""
+
+    LR_SCALE = 30.0
+    """Its learning rate is the schedule's times this (learntok.train.schedule.make_optimizer): at the model's rate
+    of a few 1e-3 logit per step, an offset of one logit would take longer than a CPU run lasts."""
+
+    def __init__(self, rate_range: tuple[float, float], knots: int = 9):
+        super().__init__()
+        lo, hi = (logit(r) for r in rate_range)
+        self.grid = [lo + (hi - lo) * i / (knots - 1) for i in range(knots)]
+        self.offset = nn.Parameter(torch.zeros(knots))
+        self.offset.lr_scale = self.LR_SCALE
+
+    def forward(self, rate: torch.Tensor) -> torch.Tensor:
+        """rate (B,) -> c(rate) (B,) with gradient to the knots."""
+        xs = torch.tensor(self.grid, dtype=torch.float32, device=rate.device)
+        x = torch.logit(rate.float()).clamp(xs[0], xs[-1])
+        i = torch.searchsorted(xs, x.detach(), right=True).clamp(1, len(self.grid) - 1)
+        w = (x - xs[i - 1]) / (xs[i] - xs[i - 1])  # (B,) in [0, 1]
+        return self.offset[i - 1] * (1 - w) + self.offset[i] * w
+
+
 def interp(x: torch.Tensor, xp: list[float], fp: list[float]) -> torch.Tensor:
     """Piecewise-linear interpolation of (xp, fp) at x (xp increasing), constant beyond the ends (np.interp)."""
     xs = torch.tensor(xp, dtype=torch.float32, device=x.device)

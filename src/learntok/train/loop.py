@@ -49,6 +49,7 @@ from learntok.train.schedule import (
     Stopwatch,
     busy_cpu_note,
     check_config,
+    group_lr,
     lr_at,
     make_optimizer,
     total_steps,
@@ -246,7 +247,7 @@ def train(cfg: TrainConfig, *, log=print, on_eval: EvalHook | None = None,
                 lr = lr_at(cfg.optim, state.bytes_seen, steps * bytes_per_step, now if cfg.time_budget else 0.0,
                            cfg.time_budget, spent(state, cfg) / cfg.flops_budget if cfg.flops_budget else 0.0)
                 for group in opt.param_groups:
-                    group["lr"] = lr
+                    group["lr"] = group_lr(group, lr)
                 try:
                     counts, bad = train_step(run, state.step)
                 except Exception as e:  # an out-of-memory error may come wrapped (by torch.compile, say)

@@ -99,14 +99,25 @@ def lr_at(opt: OptimConfig, bytes_seen: float, total_bytes: float, elapsed: floa
 
 
 def make_optimizer(model: torch.nn.Module, opt: OptimConfig, fused: bool = False) -> torch.optim.AdamW:
-    """AdamW; weight decay on matrices only (not norms, biases or the byte embedding). `fused`: one CUDA kernel
-    for the whole update (CUDA only), else the multi-tensor (foreach) implementation."""
-    decay, no_decay = [], []
+    """AdamW; weight decay on matrices only (not norms, biases or the byte embedding). A parameter with an
+    `lr_scale` attribute (set by the module that owns it, e.g. the rate controller) gets a group of its own, without
+    weight decay, whose learning rate is the schedule's times that scale (`group_lr`). `fused`: one CUDA kernel for
+    the whole update (CUDA only), else the multi-tensor (foreach) implementation."""
+    decay, no_decay, scaled = [], [], {}
     for name, p in model.named_parameters():
-        (decay if p.dim() >= 2 and not name.startswith("embed") else no_decay).append(p)
-    groups = [{"params": decay, "weight_decay": opt.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        if hasattr(p, "lr_scale"):
+            scaled.setdefault(float(p.lr_scale), []).append(p)
+        else:
+            (decay if p.dim() >= 2 and not name.startswith("embed") else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": opt.weight_decay}, {"params": no_decay, "weight_decay": 0.0},
+              *({"params": ps, "weight_decay": 0.0, "lr_scale": k} for k, ps in scaled.items())]
     impl = {"fused": True} if fused else {"foreach": True}
     return torch.optim.AdamW(groups, lr=opt.lr, betas=(opt.beta1, opt.beta2), **impl)
+
+
+def group_lr(group: dict, lr: float) -> float:
+    """The learning rate of an optimizer group at schedule value `lr` (its `lr_scale` times it)."""
+    return lr * group.get("lr_scale", 1.0)
 
 
 class Stopwatch:
