@@ -306,7 +306,15 @@ def robustness_table() -> str:
     return _script("robustness").table() + "\n"
 
 
-BLOCKS = {"segment-speed": segment_speed, "segment-stats": segment_stats, "robustness": robustness_table,
+def rates(which: str) -> callable:
+    def block() -> str:
+        script = _script("rates")
+        return {"table": script.table, "calibration": script.calibration_table, "screen": script.screen_table}[which]()
+    return block
+
+
+BLOCKS = {"rates": rates("table"), "rates-calibration": rates("calibration"), "rates-screen": rates("screen"),
+          "segment-speed": segment_speed, "segment-stats": segment_stats, "robustness": robustness_table,
           "default-run": default_run, "headline": headline, "rate-control": rate_control,
           "matched-time": matched_time, "gpu-path": gpu_path, "variance": variance,
           "readme-summary": readme_summary, "planted-sep": planted("sep"),
@@ -365,6 +373,7 @@ def main() -> None:
                 ROOT / "docs" / "images" / "headline.png",
                 title="The headline pair at 6.5e13 FLOPs: the seeds with curves (bands: min–max over seeds)")
         print("drew docs/images/headline.png")
+        print(f"drew {_script('rates').plot().relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

@@ -73,6 +73,11 @@ class MicroBatch(NamedTuple):
     rates: Rates | None
     """The rows' target rates and strata (a variable-rate strategy, --rate-range), else None."""
 
+    @property
+    def extra(self) -> dict:
+        """Keyword arguments only some models take (the rates: a U-Net with a variable-rate policy)."""
+        return {} if self.rates is None else {"rates": self.rates}
+
 
 @dataclass
 class Run:
@@ -396,7 +401,7 @@ def train_step(run: Run, step: int) -> tuple[StepCounts, str]:
 
     def pre_pass() -> list[BatchSums]:  # the micro-batches once without gradients: their local statistics
         with torch.no_grad(), mixed:
-            return [model(mb.ids, mb.targets, noise=mb.noise, prescribed=mb.prescribed, rates=mb.rates).batch_stats
+            return [model(mb.ids, mb.targets, noise=mb.noise, prescribed=mb.prescribed, **mb.extra).batch_stats
                     for mb in parts]
 
     reducer = run.stats.reducer(pre_pass) if model.boundary.uses_rewards else None
@@ -408,7 +413,7 @@ def train_step(run: Run, step: int) -> tuple[StepCounts, str]:
         with sync:  # one context for forward and backward (a no_sync context is entered once)
             with mixed:
                 out = run.wrapped(mb.ids, mb.targets, noise=mb.noise, prescribed=mb.prescribed, batch_stats=reducer,
-                                  rates=mb.rates)
+                                  **mb.extra)
             (out.loss / run.accum).backward()
         n = out.n_tokens  # (B,) real tokens per row
         tokens.append(n.sum())
