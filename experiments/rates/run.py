@@ -46,6 +46,8 @@ ARMS: dict[str, list[str]] = {
     "variable-s2": [*POLICY, "--target-rate", "0.2", "--rate-range", *map(str, RANGE), "--rate-strata", "2"],
     # a learned per-target logit offset trained by the rate loss alone (an integral controller per target)
     "variable-ctl": [*POLICY, "--target-rate", "0.2", "--rate-range", *map(str, RANGE), "--rate-controller"],
+    # no rate embedding: only the bias moves with the target (the policy's content term is shared by all rates)
+    "variable-nofilm": [*POLICY, "--target-rate", "0.2", "--rate-range", *map(str, RANGE), "--no-rate-film"],
     # the control for the machinery: a variable-rate model whose range is almost one rate (0.19-0.21) should
     # match fixed-0.2 if the conditioning itself costs nothing; what it loses, the range costs
     "variable-narrow": [*POLICY, "--target-rate", "0.2", "--rate-range", "0.19", "0.21"],
@@ -187,7 +189,7 @@ def cmd_evaluate(args) -> None:
 
 CHOSEN = "variable"
 """The variable-rate arm the comparison reports (chosen on validation at seed 0 among the screened variants)."""
-SCREEN = ("variable", "variable-tokens", "variable-s2", "variable-ctl", "variable-narrow")
+SCREEN = ("variable", "variable-tokens", "variable-s2", "variable-ctl", "variable-nofilm", "variable-narrow")
 SHIFTED = "fixed-0.2"
 """The fixed-rate model forced to other rates (logits shifted, then calibrated)."""
 TOLERANCE = 0.02

@@ -100,6 +100,9 @@ class LearnedConfig(SampledConfig):
     """With --rate-range: how targets are drawn (log-uniform: equal weight per factor of rate)."""
     rate_tokens: bool = False
     """With --rate-range: also add a rate embedding to every token-level input (the token stack knows the rate)."""
+    rate_film: bool = True
+    """With --rate-range: modulate the policy's input by a rate embedding (FiLM), so which bytes become boundaries
+    can change with the rate; --no-rate-film moves only the bias, logit(r)."""
     rate_controller: bool = False
     """With --rate-range: a learned logit offset per target (piecewise linear in logit(r)), trained by the rate loss
     alone: an integral controller per target, so training realises the targets it draws."""
@@ -114,8 +117,9 @@ class LearnedConfig(SampledConfig):
             if not lo <= self.target_rate <= hi:
                 raise ValueError(f"target_rate {self.target_rate:g} (the rate asked by default) must lie in "
                                  f"rate_range [{lo:g}, {hi:g}]")
-        elif self.rate_strata != 1 or self.rate_tokens or self.rate_controller:
-            raise ValueError("rate_strata, rate_tokens and rate_controller need rate_range (a variable-rate model)")
+        elif self.rate_strata != 1 or self.rate_tokens or self.rate_controller or not self.rate_film:
+            raise ValueError("rate_strata, rate_tokens, rate_controller and rate_film need rate_range (a variable-rate "
+                             "model)")
         if self.rate_strata < 1:
             raise ValueError(f"rate_strata must be >= 1, got {self.rate_strata}")
         if self.policy_window < 0:
@@ -167,7 +171,7 @@ class LearnedBoundaries(BoundaryStrategy):
         self.bias = math.log(cfg.target_rate / (1 - cfg.target_rate))  # logit(pi_target)
         self.value = nn.Sequential(RMSNorm(dim), nn.Linear(dim, 1)) if cfg.value_baseline else None
         variable = cfg.rate_range is not None
-        self.film = RateEmbedding(2 * dim, cfg.target_rate) if variable else None
+        self.film = RateEmbedding(2 * dim, cfg.target_rate) if variable and cfg.rate_film else None
         self.value_rate = RateEmbedding(1, cfg.target_rate) if variable and cfg.value_baseline else None
         self.token_rate = RateEmbedding(dim, cfg.target_rate) if cfg.rate_tokens else None
         self.controller = RateController(cfg.rate_range) if cfg.rate_controller else None
@@ -213,7 +217,7 @@ class LearnedBoundaries(BoundaryStrategy):
             return rates
         if self.asked is not None:
             return Rates.fill(self.asked, B, device)
-        if self.film is not None or (self.calibration is not None and not self.training):
+        if self.cfg.rate_range is not None or (self.calibration is not None and not self.training):
             return Rates.fill(self.cfg.target_rate, B, device)
         return None
 
