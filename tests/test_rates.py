@@ -368,3 +368,20 @@ def test_the_controller_has_its_own_learning_rate(tmp_path):
     assert scaled[0]["weight_decay"] == 0.0 and group_lr(scaled[0], 1e-3) == pytest.approx(3e-2)
     assert all(m.boundary.controller.offset is not p for g in opt.param_groups if "lr_scale" not in g
                for p in g["params"])
+
+
+def test_a_variable_rate_model_starts_from_the_fixed_rate_models_weights(tmp_path):
+    """Same seed: every weight the two share is equal at initialisation (the rate modules draw from a forked
+    generator), and with zero-output embeddings the two compute the same function at the default rate, so
+    variable- and fixed-rate arms of one seed are paired from the first step."""
+    fixed = build_model("learned", tmp_path, policy_window=1, value_baseline=True)
+    var = _variable(tmp_path, rate_controller=True)
+    shared = fixed.state_dict()
+    for k, v in var.state_dict().items():
+        if k in shared:
+            assert torch.equal(v, shared[k]), k
+    ids = _ids(2, 64, 0)[:, :-1]
+    noise = torch.rand(2, 64, generator=torch.Generator().manual_seed(1))
+    a, b = fixed.eval()(ids, noise=noise), var.eval()(ids, noise=noise)
+    assert torch.equal(a.boundaries.mask, b.boundaries.mask)
+    torch.testing.assert_close(a.logits, b.logits)

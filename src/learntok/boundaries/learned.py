@@ -171,10 +171,13 @@ class LearnedBoundaries(BoundaryStrategy):
         self.bias = math.log(cfg.target_rate / (1 - cfg.target_rate))  # logit(pi_target)
         self.value = nn.Sequential(RMSNorm(dim), nn.Linear(dim, 1)) if cfg.value_baseline else None
         variable = cfg.rate_range is not None
-        self.film = RateEmbedding(2 * dim, cfg.target_rate) if variable and cfg.rate_film else None
-        self.value_rate = RateEmbedding(1, cfg.target_rate) if variable and cfg.value_baseline else None
-        self.token_rate = RateEmbedding(dim, cfg.target_rate) if cfg.rate_tokens else None
-        self.controller = RateController(cfg.rate_range) if cfg.rate_controller else None
+        # The rate modules draw their initial weights from a forked generator, so a variable-rate model's shared
+        # weights start exactly where the fixed-rate model of the same seed starts (paired comparisons).
+        with torch.random.fork_rng(devices=[]):
+            self.film = RateEmbedding(2 * dim, cfg.target_rate) if variable and cfg.rate_film else None
+            self.value_rate = RateEmbedding(1, cfg.target_rate) if variable and cfg.value_baseline else None
+            self.token_rate = RateEmbedding(dim, cfg.target_rate) if cfg.rate_tokens else None
+            self.controller = RateController(cfg.rate_range) if cfg.rate_controller else None
         self.asked: float | None = None
         """The rate `set_rate` asked for (None: the trained default, cfg.target_rate)."""
         self.calibration: Calibration | None = None
@@ -184,10 +187,17 @@ class LearnedBoundaries(BoundaryStrategy):
         return [e for e in (self.film, self.value_rate, self.token_rate) if e is not None]
 
     def reset_parameters(self, init_std: float) -> None:
-        super().reset_parameters(init_std)
-        for e in self._embeddings():  # phi(r) is O(1): unit-scale first layer; zero output (no effect at init)
-            nn.init.normal_(e.inp.weight, std=1.0)
-            e.zero_output()
+        """The policy's and the value head's matrices ~ N(0, init_std^2), drawn as a fixed-rate model draws them;
+        then, from a forked generator (the shared weights' draws unchanged), the rate embeddings: a unit-scale
+        first layer (phi(r) is O(1)) and a zero output (no effect at initialisation), and a zero controller."""
+        own = {id(m) for e in self._embeddings() for m in e.modules()}
+        for m in self.modules():
+            if isinstance(m, nn.Linear) and id(m) not in own:
+                nn.init.normal_(m.weight, std=init_std)
+        with torch.random.fork_rng(devices=[]):
+            for e in self._embeddings():
+                nn.init.normal_(e.inp.weight, std=1.0)
+                e.zero_output()
         if self.controller is not None:
             nn.init.zeros_(self.controller.offset)
 
