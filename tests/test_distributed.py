@@ -74,6 +74,22 @@ def _assert_same(a: dict, b: dict, atol: float) -> None:
     assert worst < atol, worst
 
 
+def run_resumed(cfg, at: int, world: int = 1) -> Path:
+    """Train `cfg` (checkpoints every `at` steps) to its end, then undo it back to step `at`: drop the later
+    checkpoints, point `latest` at step `at`, and resume: an interrupted run continued. Returns the run directory."""
+    import shutil
+
+    part = replace(cfg, ckpt_every=at)
+    _run(part, world=world)
+    out = Path(part.out)
+    for ckpt in out.glob("step_*"):
+        if int(ckpt.name.split("_")[1]) > at:
+            shutil.rmtree(ckpt)
+    (out / "latest").write_text(f"step_{at:06d}\n")
+    _run(replace(part, resume=str(out)), world=world)
+    return out
+
+
 def _losses(run: Path) -> list[tuple[int, float]]:
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     return [(r["step"], r["loss/auto"]) for r in rows if "loss/auto" in r]
@@ -188,16 +204,10 @@ def test_lagged_statistics_two_processes_equal_one_process_with_accumulation(tmp
 
 def test_lagged_statistics_resume_like_uninterrupted(tmp_path, cfg):
     """The lag is part of the checkpoint: a run resumed from step 2 ends with the uninterrupted run's weights."""
-    import shutil
-
     lagged = replace(cfg, batch_stats="lagged", max_steps=4, micro_batch_size=2)
     _run(replace(lagged, out=str(tmp_path / "full")), world=1)
-    part = replace(lagged, out=str(tmp_path / "part"), ckpt_every=2)
-    _run(part, world=1)
-    shutil.rmtree(tmp_path / "part" / "step_000004")
-    (tmp_path / "part" / "latest").write_text("step_000002\n")
-    _run(replace(part, resume=str(tmp_path / "part")), world=1)
-    _assert_same(_weights(tmp_path / "full"), _weights(tmp_path / "part"), atol=1e-7)
+    part = run_resumed(replace(lagged, out=str(tmp_path / "part")), at=2)
+    _assert_same(_weights(tmp_path / "full"), _weights(part), atol=1e-7)
 
 
 def test_fsdp_with_compile_compiles_block_by_block_and_trains_like_a_plain_process(tmp_path, cfg, monkeypatch):

@@ -262,18 +262,13 @@ def test_strata_reduced_over_micro_batches_equal_one_batch(tmp_path, variable_cf
 
 def test_variable_rate_run_resumes_like_uninterrupted_and_logs_its_targets(tmp_path, variable_cfg):
     import json
-    import shutil
     from dataclasses import replace
 
-    from .test_distributed import _assert_same, _run, _weights
+    from .test_distributed import _assert_same, _run, _weights, run_resumed
 
     _run(replace(variable_cfg, out=str(tmp_path / "full")), world=1)
-    part = replace(variable_cfg, out=str(tmp_path / "part"), ckpt_every=2)
-    _run(part, world=1)
-    shutil.rmtree(tmp_path / "part" / "step_000004")
-    (tmp_path / "part" / "latest").write_text("step_000002\n")
-    _run(replace(part, resume=str(tmp_path / "part")), world=1)
-    _assert_same(_weights(tmp_path / "full"), _weights(tmp_path / "part"), atol=1e-7)
+    part = run_resumed(replace(variable_cfg, out=str(tmp_path / "part")), at=2)
+    _assert_same(_weights(tmp_path / "full"), _weights(part), atol=1e-7)
     rows = [json.loads(x) for x in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
     targets = [r["boundary/target"] for r in rows if "boundary/target" in r]
     assert len(targets) == 4 and all(0.1 <= t <= 0.4 for t in targets) and len(set(targets)) == 4
