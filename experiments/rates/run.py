@@ -187,6 +187,125 @@ def cmd_evaluate(args) -> None:
                                                      for r, v in at.items()), flush=True)
 
 
+PLANTED_RECORDS = Path(__file__).resolve().parent / "records-planted.jsonl"
+PLANTED_STEPS = 600
+
+
+def planted_config(out: Path, data: Path, arm: str, seed: int, word: float):
+    """The planted benchmark's test-sized model (tests/test_planted.py): d 64, byte window 2, 600 steps of 8 x 128
+    bytes; `variable` over rates 0.08-0.3, `fixed` at the word rate."""
+    from learntok.boundaries import boundary_config
+    from learntok.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
+
+    policy = dict(gamma=0.9, normalize_advantage=True, detach_encoder=True, policy_window=0, logit_scale=1.0,
+                  policy_norm=True, target_rate=word, pooling="mean")
+    if arm == "variable":
+        policy["rate_range"] = (0.08, 0.3)
+    return TrainConfig(out=str(out), model=ModelConfig(d_model=64, n_heads=2, n_down=1, n_mid=2, n_up=1, byte_window=2),
+                       boundary=boundary_config("learned", **policy),
+                       data=DataConfig(source=str(data), seq_len=128, val_bytes=128 * 64),
+                       optim=OptimConfig(lr=6e-3, warmup_bytes=1e4), batch_size=8, max_steps=PLANTED_STEPS,
+                       eval_every=0, ckpt_every=0, log_every=50, progress=False, seed=seed)
+
+
+def cmd_planted(args) -> None:
+    """Train the variable-rate and the word-rate policy on the planted language (with spaces) and ask each for
+    half, one and one and a half times the word rate (calibrated on validation): realised rate, BPB and agreement
+    with the planted word ends on test. One record per (arm, seed) in records-planted.jsonl."""
+    import json
+    from dataclasses import replace
+
+    import torch
+
+    from learntok import records
+    from learntok.checkpoint import load_run
+    from learntok.config import to_dict
+    from learntok.data import ByteSequences, load_split
+    from learntok.data.planted import PlantedLanguage, PlantedSpec
+    from learntok.evaluation.bpb import BoundaryMode, heldout_bpb
+    from learntok.evaluation.rates import asking, calibrate
+    from learntok.evaluation.stats import BoundaryStats
+    from learntok.train import train
+
+    torch.set_num_threads(1)
+    out = Path(args.out)
+    lang = PlantedLanguage(PlantedSpec(vocab=64, successors=8))
+    data = out / "planted-data"
+    if not (data / "planted.json").exists():
+        lang.write(data, train_bytes=1e6, val_bytes=3e4, test_bytes=3e4)
+    word = 1 / json.loads((data / "planted.json").read_text())["mean_word_bytes"]
+    path = Path(args.results)
+    done = {(r["arm"], r["seed"]) for r in records.load(path)}
+    for seed in args.seeds:
+        for arm in ("variable", "fixed"):
+            if (arm, seed) in done:
+                continue
+            cfg = planted_config(out / f"planted-{arm}-seed{seed}", data, arm, seed, word)
+            res = train(replace(cfg, overwrite=True), log=lambda *_: None)
+            _, model = load_run(cfg.out)
+            seqs = {s: ByteSequences(load_split(cfg.data, s)[1], 128) for s in ("val", "test")}
+            asked = [word / 2, word, 1.5 * word]
+            table = calibrate(model, seqs["val"], asked, max_bytes=1 << 20)
+            model.boundary.calibration = table
+            refs = {"planted": ByteSequences(load_split(cfg.data, "test")[1], 128, annotate=lang.boundaries)}
+            at = {}
+            for r in asked:
+                stats = BoundaryStats()
+                with asking(model, r):
+                    bpb = heldout_bpb(model, seqs["test"], BoundaryMode(), max_bytes=1 << 20, references=refs,
+                                      stats=stats)
+                st = stats.result()
+                agree = st["agreement"]["planted"]
+                at[f"{r / word:g}"] = {"asked": r, "rate": st["rate"], "bpb": bpb["bpb"],
+                                       **{k: agree[k] for k in ("precision", "recall", "f1", "best_shift")},
+                                       "f1_best_shift": agree["f1_by_shift"][str(agree["best_shift"])]}
+            rec = records.make(f"{STUDY}-planted", arm, seed, command=f"python experiments/rates/run.py planted "
+                               f"--seeds {seed}", data="planted(vocab=64, successors=8)", word_rate=word,
+                               config=to_dict(cfg), val_bpb=res.val_bpb, train_seconds=res.seconds,
+                               calibration={"rates": list(table.rates), "offsets": list(table.offsets), **table.info},
+                               at=at)
+            records.append(path, rec)
+            print(f"planted {arm} seed {seed}: " + ", ".join(
+                f"x{k}: rate {v['rate']:.3f} BPB {v['bpb']:.4f} P {v['precision']:.3f} R {v['recall']:.3f}"
+                for k, v in at.items()), flush=True)
+
+
+def planted_table(path: Path = PLANTED_RECORDS) -> str:
+    """Per asked multiple of the word rate: the variable-rate and the word-rate policy (calibrated), mean over
+    seeds; and the paired BPB difference."""
+    rows = _rows(path)
+    if not rows:
+        return "(no records yet)\n"
+    word = rows[0]["word_rate"]
+    lines = [f"Word rate {word:.4f} (the planted language's {1 / word:.2f} bytes per word); test text; "
+             f"mean ± s.e. over seeds.", "",
+             "| asked | model | seeds | realised rate | BPB | precision | recall | F1 | F1 at the best shift (shift) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    keys = list(rows[0]["at"])
+    for k in keys:
+        for arm, label in (("variable", "variable-rate"), ("fixed", "word-rate policy, shifted")):
+            by = _by(rows, arm)
+            if not by:
+                continue
+            cell = {m: _cell([x["at"][k][m] for x in by.values()], 4 if m == "bpb" else 3)
+                    for m in ("rate", "bpb", "precision", "recall", "f1", "f1_best_shift")}
+            shifts = "/".join(f"{x['at'][k]['best_shift']:+d}" for x in by.values())
+            lines.append(f"| {k} × word rate | {label} | {len(by)} | {cell['rate']} | {cell['bpb']} | "
+                         f"{cell['precision']} | {cell['recall']} | {cell['f1']} | "
+                         f"{cell['f1_best_shift']} ({shifts}) |")
+    from learntok.evaluation.stats import paired_interval
+
+    var, fix = _by(rows, "variable"), _by(rows, "fixed")
+    lines += ["", "| asked | BPB, variable − shifted (paired over seeds, 95 % CI) |", "|---|---|"]
+    for k in keys:
+        d = [var[s]["at"][k]["bpb"] - fix[s]["at"][k]["bpb"] for s in var if s in fix]
+        if len(d) >= 2:
+            p = paired_interval(d)
+            lines.append(f"| {k} × word rate | {p['mean']:+.4f} [{p['lo']:+.4f}, {p['hi']:+.4f}]"
+                         f"{' tie' if p['tie'] else ''} ({len(d)} seeds) |")
+    return "\n".join(lines) + "\n"
+
+
 CHOSEN = "variable"
 """The variable-rate arm the comparison reports (chosen on validation at seed 0 among the screened variants)."""
 SCREEN = ("variable", "variable-tokens", "variable-s2", "variable-ctl", "variable-nofilm", "variable-narrow")
@@ -331,7 +450,7 @@ def plot(path: Path = RECORDS, out: Path | None = None) -> Path:
 
 
 def cmd_report(args) -> None:
-    print(table(), "\n", calibration_table(), "\n", screen_table(), sep="")
+    print(table(), "\n", calibration_table(), "\n", screen_table(), "\n", planted_table(), sep="")
     if args.plot:
         print(f"drew {plot()}")
 
@@ -352,6 +471,11 @@ def main() -> None:
     e.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     e.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     e.set_defaults(func=cmd_evaluate)
+    pl = sub.add_parser("planted", help="the variable-rate policy on the planted language (about 20 s per arm)")
+    pl.add_argument("--out", default="runs/rates")
+    pl.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    pl.add_argument("--results", default=str(PLANTED_RECORDS))
+    pl.set_defaults(func=cmd_planted)
     r = sub.add_parser("report", help="print the tables (experiments/report.py writes them into the docs)")
     r.add_argument("--plot", action="store_true", help="also draw docs/images/rates.png")
     r.set_defaults(func=cmd_report)
