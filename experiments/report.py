@@ -260,6 +260,9 @@ def readme_summary() -> str:
                f"{diff('learned-w1-vb', 'flat')}; `learned-w1-vb` − a BPE transformer "
                f"{diff('learned-w1-vb', 'bpe-lm')}. "
                "Learned tokenization beats neither the flat byte model nor BPE in any measurement here.")
+    any_rate = _script("rates").summary()
+    if any_rate:
+        out.append(any_rate)
     return "\n".join(textwrap.fill(x, 115, subsequent_indent="  ", break_on_hyphens=False) for x in out) + "\n"
 
 
@@ -309,11 +312,13 @@ def robustness_table() -> str:
 def rates(which: str) -> callable:
     def block() -> str:
         script = _script("rates")
-        return {"table": script.table, "calibration": script.calibration_table, "screen": script.screen_table}[which]()
+        return {"table": script.table, "calibration": script.calibration_table, "screen": script.screen_table,
+                "planted": script.planted_table}[which]()
     return block
 
 
 BLOCKS = {"rates": rates("table"), "rates-calibration": rates("calibration"), "rates-screen": rates("screen"),
+          "rates-planted": rates("planted"),
           "segment-speed": segment_speed, "segment-stats": segment_stats, "robustness": robustness_table,
           "default-run": default_run, "headline": headline, "rate-control": rate_control,
           "matched-time": matched_time, "gpu-path": gpu_path, "variance": variance,
