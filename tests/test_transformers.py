@@ -46,6 +46,20 @@ def test_auto_classes_load_an_exported_directory(exported):
     assert torch.allclose(hf(ids).logits, ref, atol=1e-5)
 
 
+def test_set_rate_through_the_wrapper_asks_the_learned_policy(exported):
+    model, path = exported
+    hf = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True)
+    ids = torch.tensor([[BOS, *b"def f(x): return x + 1 if x else None"]])
+    noise = torch.rand(1, ids.shape[1], generator=torch.Generator().manual_seed(0))
+    plain = hf(ids).logits
+    hf.set_rate(0.6)
+    own = build_model("learned").eval()
+    own.load_state_dict(model.state_dict())
+    own.set_rate(0.6)
+    ref = own(ids, noise=noise)
+    assert torch.allclose(hf(ids).logits, ref.logits, atol=1e-5) and not torch.allclose(plain, ref.logits)
+
+
 def test_tokenizer_ids_are_bytes_and_round_trip(exported):
     tok = AutoTokenizer.from_pretrained(exported[1])
     for text in TEXTS:

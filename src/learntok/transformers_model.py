@@ -94,6 +94,11 @@ class LearntokForCausalLM(PreTrainedModel, GenerationMixin):
         self.model = model
         self.post_init()
 
+    def set_rate(self, rate: float | None) -> None:
+        """Ask the learned policy for boundary rate `rate` (learntok's `ByteLM.set_rate`; calibrated when the model
+        directory holds a rate_calibration.json)."""
+        self.model.set_rate(rate)
+
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
         return False  # no KV cache: generate must not build one
