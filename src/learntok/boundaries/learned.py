@@ -366,19 +366,17 @@ class LearnedBoundaries(BoundaryStrategy):
         # rows sharing a target rate (one for a fixed-rate model or outside training).
         # Over the decisions the loss trains (keep): a forced column's return, whose advantage is never used,
         # must not enter the spread that --normalize-advantage divides by.
-        group = out.group if getattr(out, "group", None) is not None else None
-        if group is None:
-            def per_stratum(v):  # (B,...) -> (1,...)
-                return v.sum(0, keepdim=True)
-            p_sum = (out.probs.detach() * kf).sum().view(1)
+        group = getattr(out, "group", None) if cfg.rate_strata > 1 else None  # (B,) each row's stratum, or one
+        pk = out.probs.detach() * kf
+        if group is None:  # one stratum: exactly the fixed-rate sums
+            local = BatchStatistics(g_sum=(g * kf).sum(0, keepdim=True), g_cnt=kf.sum(0, keepdim=True),
+                                    g2_sum=(g * g * kf).sum(0, keepdim=True), p_sum=pk.sum().view(1),
+                                    n=kf.sum().view(1))
         else:
-            onehot = nn.functional.one_hot(group, cfg.rate_strata).to(g.dtype).T  # (S,B)
-
-            def per_stratum(v):  # (B,...) -> (S,...)
-                return onehot @ v
-            p_sum = per_stratum((out.probs.detach() * kf).sum(1))
-        local = BatchStatistics(g_sum=per_stratum(g * kf), g_cnt=per_stratum(kf), g2_sum=per_stratum(g * g * kf),
-                                p_sum=p_sum, n=per_stratum(kf.sum(1)) if group is not None else kf.sum().view(1))
+            def per_stratum(v):  # (B,...) -> (S,...) sums over each stratum's rows (index_add: exact under autocast)
+                return v.new_zeros(cfg.rate_strata, *v.shape[1:]).index_add(0, group, v)
+            local = BatchStatistics(g_sum=per_stratum(g * kf), g_cnt=per_stratum(kf), g2_sum=per_stratum(g * g * kf),
+                                    p_sum=per_stratum(pk.sum(1)), n=per_stratum(kf.sum(1)))
         stats = reduce(local) if reduce is not None else local
         mean_g = stats.g_sum / stats.g_cnt.clamp(min=1)  # (S,T)
         if loo:
