@@ -6,6 +6,7 @@ file, bad data, an inconsistent setting) is one line `learntok: error: ...` on s
 environment variable LEARNTOK_DEBUG=1 the original exception is raised instead, with its traceback.
 
     train.py     train, train-entropy-model, export
+    sweep.py     sweep
     use.py       generate, segment, vocab
     evaluate.py  eval, calibrate, compare
     viz.py       show, plot, report
@@ -29,6 +30,7 @@ USAGE = """usage: learntok COMMAND [options]      (learntok COMMAND --help lists
 
 commands:
   train     train a model (presets tiny, small, paper-147m, ...; --boundaries NAME picks the strategy)
+  sweep     a grid of training settings, every cell at one FLOPs budget (resumable; a table and a plot)
   eval      evaluate a checkpoint the paper's way (held-out BPB, PIQA, HellaSwag, ARC-Easy, LAMBADA, boundary stats)
   compare   Table 1 / Table 3 of evaluated runs (Markdown + CSV)
   calibrate fit a learned policy's logit offsets so that any asked rate (--rate) is the rate it draws
@@ -57,7 +59,7 @@ COMMANDS = {
     "train": "learntok.cli.train:cmd_train", "train-entropy-model": "learntok.cli.train:cmd_train_entropy_model",
     "export": "learntok.cli.train:cmd_export", "prepare": "learntok.cli.data:cmd_prepare",
     "eval": "learntok.cli.evaluate:cmd_eval", "compare": "learntok.cli.evaluate:cmd_compare",
-    "calibrate": "learntok.cli.evaluate:cmd_calibrate",
+    "calibrate": "learntok.cli.evaluate:cmd_calibrate", "sweep": "learntok.cli.sweep:cmd_sweep",
     "eval-data": "learntok.cli.evaluate:cmd_eval_data", "push": "learntok.cli.train:cmd_push",
     "generate": "learntok.cli.use:cmd_generate", "segment": "learntok.cli.use:cmd_segment",
     "vocab": "learntok.cli.use:cmd_vocab",

@@ -1,0 +1,240 @@
+"""`learntok sweep`: one training run per cell of a grid of settings, every cell at the same FLOPs budget.
+
+    learntok sweep runs/alloc --flops-budget 1.6e13 --axis d-model=96,128,192 --axis n-mid=2,3,4 \
+        -- --preset small --data DATA/enwiki --boundaries uniform
+
+An axis is a `learntok train` flag (without its dashes) and its values; axes multiply. `FLAG1,FLAG2=A1:B1,A2:B2`
+moves two flags together (the paper's aspect-ratio study: `--axis n-mid,target-rate=2:0.5,3:0.3333,5:0.2`). Every
+cell trains `learntok train` with the flags after `--`, its axis values, `--seed S`, and `--flops-budget` on a
+FLOPs schedule (the cosine decays fully at the budget, in `--flops-convention`), in its own run directory under
+OUT; cells run one at a time in child processes. The sweep is resumable: a finished cell (its record in
+OUT/sweep.jsonl) is skipped and an interrupted one continues from its checkpoint. Each finished cell appends a
+record (learntok.records: the command, config, git SHA, versions, machine, the three FLOPs counts, seconds,
+validation BPB and rate); OUT/sweep.md (a table, best first) and OUT/sweep.png (validation BPB against each axis,
+with [viz]) are rewritten after every cell. Validation BPB is the run's own final evaluation: settings are chosen
+on validation, never on test.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Literal
+
+import tyro
+
+from learntok.cli import UsageError, parse
+
+RECORDS = "sweep.jsonl"
+CONVENTION_KEYS = {"6n": "flops", "6n-padded": "flops_padded", "total": "flops_total"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class SweepArgs:
+    out: Annotated[str, tyro.conf.Positional]
+    """Directory of the sweep: a run directory per cell, sweep.jsonl, sweep.md, sweep.png."""
+    axis: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()
+    """FLAG=V1,V2,... : a `learntok train` flag without its dashes and its values (repeat for more axes; they
+    multiply); FLAG1,FLAG2=A1:B1,A2:B2 moves two flags together."""
+    flops_budget: float = 0.0
+    """Training FLOPs of every cell."""
+    flops_convention: Literal["6n", "6n-padded", "total"] = "6n"
+    """What the budget counts: the paper's 6N, 6N with padded token slots, or 6N + attention (docs/method.md §6)."""
+    seeds: tuple[int, ...] = (0,)
+    """Seeds: every cell trains once per seed."""
+    report: bool = False
+    """Only rewrite sweep.md and sweep.png from the finished cells (no training)."""
+
+    def __post_init__(self) -> None:
+        if not self.report and self.flops_budget <= 0:
+            raise ValueError("give --flops-budget FLOPS: every cell trains to the same budget")
+
+
+def parse_axes(specs: tuple[str, ...]) -> list[tuple[tuple[str, ...], list[tuple[str, ...]]]]:
+    """[(flags, [values per point])] of the --axis specs; a bad spec is a UsageError naming it."""
+    axes = []
+    for spec in specs:
+        names, eq, values = spec.partition("=")
+        flags = tuple(n.strip().lstrip("-") for n in names.split(","))
+        points = [tuple(v.strip() for v in point.split(":")) for point in values.split(",") if point.strip()]
+        if not eq or not all(flags) or not points or any(len(p) != len(flags) for p in points):
+            raise UsageError(f"--axis {spec}: write FLAG=V1,V2 (or FLAG1,FLAG2=A1:B1,A2:B2, one value per flag)")
+        axes.append((flags, points))
+    return axes
+
+
+def cells(axes) -> list[dict[str, str]]:
+    """Every combination of the axes' points: flag -> value."""
+    grid = itertools.product(*[[dict(zip(flags, p)) for p in points] for flags, points in axes])
+    return [{k: v for part in combo for k, v in part.items()} for combo in grid]
+
+
+def cell_name(cell: dict[str, str], seed: int) -> str:
+    parts = [f"{k}_{v}".replace("/", "-") for k, v in cell.items()]
+    return "__".join([*parts, f"seed{seed}"])
+
+
+def cell_argv(train_flags: list[str], cell: dict[str, str], seed: int, out: Path, a: SweepArgs) -> list[str]:
+    more = [x for k, v in cell.items() for x in (f"--{k}", v)]
+    return [*train_flags, *more, "--seed", str(seed), "--out", str(out), "--flops-budget", f"{a.flops_budget:.6g}",
+            "--flops-convention", a.flops_convention, "--schedule", "flops", "--max-bytes", "0",
+            "--progress-style", "lines"]
+
+
+def _finished(run: Path, budget: float, key: str) -> dict | None:
+    """The run's final evaluation line if it trained to the budget (its last metrics line is an evaluation at or
+    beyond the budget), else None."""
+    path = run / "metrics.jsonl"
+    if not path.exists():
+        return None
+    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip().startswith("{")]
+    evals = [r for r in lines if "val/bpb" in r]
+    if not evals or lines[-1] is not evals[-1] or evals[-1].get(key, 0) < budget * (1 - 1e-9):
+        return None
+    return evals[-1]
+
+
+def record(run: Path, cell: dict, seed: int, command: list[str], wall: float, final: dict) -> dict:
+    from learntok import records
+    from learntok.config import from_dict
+    from learntok.model import build_model
+
+    config, prov = records.run_provenance(run)
+    cfg = from_dict(config)
+    byte, token = build_model(cfg.model, cfg.boundary).matrix_params()
+    return records.make("sweep", cell_name(cell, seed).rsplit("__seed", 1)[0] or "cell", seed,
+                        command="learntok " + " ".join(command), prov=prov, axes=cell, config=config,
+                        byte_params=byte, token_params=token, bytes=final["bytes"], steps=final["step"],
+                        **{k: final[k] for k in CONVENTION_KEYS.values() if k in final},
+                        train_seconds=final["time"], wall_seconds=wall, val_bpb=final["val/bpb"],
+                        val_rate=final["val/rate"])
+
+
+def table(rows: list[dict]) -> str:
+    """Markdown: one line per cell (mean ± standard error over its seeds), best validation BPB first."""
+    if not rows:
+        return "(no finished cells yet)\n"
+    axes = list(dict.fromkeys(k for r in rows for k in r["axes"]))
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault(tuple(r["axes"].get(k, "") for k in axes), []).append(r)
+
+    def ms(xs: list[float], fmt: str) -> str:
+        if len(xs) == 1:
+            return format(xs[0], fmt)
+        return f"{format(statistics.mean(xs), fmt)} ± {format(statistics.stdev(xs) / math.sqrt(len(xs)), fmt)}"
+
+    order = sorted(groups, key=lambda g: statistics.mean(r["val_bpb"] for r in groups[g]))
+    lines = ["| " + " | ".join(axes) + " | seeds | val BPB | val rate | matrix params (byte + token) | MB | "
+             "GFLOPs 6N / padded / total | train s |", "|" + "---|" * (len(axes) + 7)]
+    for g in order:
+        rs = groups[g]
+        fl = " / ".join(f"{statistics.mean(r.get(k, math.nan) for r in rs) / 1e9:.1f}"
+                        for k in CONVENTION_KEYS.values())
+        lines.append("| " + " | ".join(g) + f" | {len(rs)} | {ms([r['val_bpb'] for r in rs], '.4f')} | "
+                     f"{ms([r['val_rate'] for r in rs], '.3f')} | {rs[0]['byte_params']:,} + {rs[0]['token_params']:,}"
+                     f" | {statistics.mean(r['bytes'] for r in rs) / 1e6:.2f} | {fl} | "
+                     f"{statistics.mean(r['train_seconds'] for r in rs):.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], path: Path) -> Path | None:
+    """Validation BPB against each axis (every cell a point; the line joins the best cell at each value)."""
+    from learntok.viz.mpl import pyplot
+
+    axes = list(dict.fromkeys(k for r in rows for k in r["axes"]))
+    if not rows or not axes:
+        return None
+    plt = pyplot()
+    fig, subs = plt.subplots(1, len(axes), figsize=(4.5 * len(axes), 4), squeeze=False)
+    for ax, name in zip(subs[0], axes):
+        values = list(dict.fromkeys(r["axes"][name] for r in rows))
+        try:
+            xs = {v: float(v) for v in values}
+        except ValueError:
+            xs = {v: float(i) for i, v in enumerate(values)}
+            ax.set_xticks(list(xs.values()), values)
+        ax.scatter([xs[r["axes"][name]] for r in rows], [r["val_bpb"] for r in rows], s=14, alpha=0.6)
+        best = sorted((xs[v], min(r["val_bpb"] for r in rows if r["axes"][name] == v)) for v in values)
+        ax.plot(*zip(*best), "-", lw=1.2)
+        ax.set_xlabel(name)
+        ax.set_ylabel("validation BPB")
+        ax.grid(alpha=0.3)
+    fig.suptitle("learntok sweep: every cell at the same FLOPs budget")
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=110)
+    finally:
+        plt.close(fig)
+    return path
+
+
+def write_reports(out: Path, rows: list[dict]) -> None:
+    (out / "sweep.md").write_text(table(rows))
+    try:
+        plot(rows, out / "sweep.png")
+    except ImportError:  # matplotlib is optional ([viz]): the table is enough
+        pass
+
+
+def cmd_sweep(argv: list[str]) -> int:
+    """`learntok sweep OUT --axis FLAG=V1,V2 ... --flops-budget F [-- TRAIN FLAGS]`."""
+    from learntok import records
+    from learntok.cli.train import parse_train_args
+
+    own, train_flags = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    a = parse(SweepArgs, own, "learntok sweep", __doc__ or "")
+    out = Path(a.out)
+    path = out / RECORDS
+    if a.report:
+        rows = records.load(path)
+        write_reports(out, rows)
+        print(table(rows), end="")
+        return 0
+    if not a.axis:
+        raise UsageError("give at least one --axis FLAG=V1,V2")
+    grid = cells(parse_axes(a.axis))
+    for cell in grid:  # every cell's flags are checked before anything trains
+        try:
+            parse_train_args(cell_argv(train_flags, cell, a.seeds[0], out / "check", a))
+        except (ValueError, SystemExit) as e:
+            raise UsageError(f"cell {cell}: {e}") from None
+    out.mkdir(parents=True, exist_ok=True)
+    key = CONVENTION_KEYS[a.flops_convention]
+    done = {(json.dumps(r["axes"], sort_keys=True), r["seed"]) for r in records.load(path)}
+    for seed in a.seeds:
+        for cell in grid:
+            if (json.dumps(cell, sort_keys=True), seed) in done:
+                continue
+            run = out / cell_name(cell, seed)
+            argv_cell = ["train", *cell_argv(train_flags, cell, seed, run, a)]
+            final = _finished(run, a.flops_budget, key)
+            t0 = time.time()
+            if final is None:
+                resume = (run / "latest").exists()
+                child = ["train", "--resume", str(run), "--progress-style", "lines"] if resume else \
+                    [*argv_cell, "--overwrite"]
+                print(f"cell {cell_name(cell, seed)}: {'resuming' if resume else 'training'}", flush=True)
+                with open(out / f"{cell_name(cell, seed)}.log", "a") as log:
+                    code = subprocess.run([sys.executable, "-m", "learntok", *child], stdout=log,
+                                          stderr=subprocess.STDOUT).returncode
+                final = _finished(run, a.flops_budget, key)
+                if code != 0 or final is None:
+                    raise RuntimeError(f"cell {cell_name(cell, seed)} stopped before its budget (exit {code}); see "
+                                       f"{out / (cell_name(cell, seed) + '.log')}; run the sweep again to resume it")
+            rec = record(run, cell, seed, argv_cell, time.time() - t0, final)
+            records.append(path, rec)
+            write_reports(out, records.load(path))
+            print(f"cell {cell_name(cell, seed)}: val BPB {rec['val_bpb']:.4f}, rate {rec['val_rate']:.3f}, "
+                  f"{rec['bytes'] / 1e6:.2f} MB", flush=True)
+    rows = records.load(path)
+    print(table(rows), end="")
+    print(f"written: {path}, {out / 'sweep.md'}" + (f", {out / 'sweep.png'}" if (out / "sweep.png").exists() else ""))
+    return 0

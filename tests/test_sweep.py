@@ -1,0 +1,85 @@
+"""`learntok sweep`: the grid, every cell at one FLOPs budget, records, the table, resuming, bad axes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from learntok import records
+from learntok.cli import main
+from learntok.cli.sweep import cells, parse_axes, table
+
+BUDGET = "1.2e9"  # a few steps of the tiny model below
+
+
+def _train_flags(corpus) -> list[str]:
+    return ["--data", str(corpus), "--seq-len", "64", "--batch-size", "4", "--val-bytes", "512", "--eval-every", "0",
+            "--ckpt-every", "2", "--d-model", "32", "--n-heads", "2", "--n-mid", "1", "--log-every", "1"]
+
+
+def test_axes_multiply_and_zipped_axes_move_together():
+    axes = parse_axes(("d-model=32,64", "n-mid,target-rate=2:0.5,4:0.25"))
+    grid = cells(axes)
+    assert grid == [{"d-model": "32", "n-mid": "2", "target-rate": "0.5"},
+                    {"d-model": "32", "n-mid": "4", "target-rate": "0.25"},
+                    {"d-model": "64", "n-mid": "2", "target-rate": "0.5"},
+                    {"d-model": "64", "n-mid": "4", "target-rate": "0.25"}]
+
+
+@pytest.mark.slow
+def test_a_sweep_trains_every_cell_to_the_budget_records_it_and_resumes(text_corpus, tmp_path, capsys):
+    out = tmp_path / "sweep"
+    argv = ["sweep", str(out), "--axis", "byte-window=4,8", "--flops-budget", BUDGET, "--",
+            *_train_flags(text_corpus)]
+    assert main(argv) == 0
+    rows = records.load(out / "sweep.jsonl")
+    assert sorted(r["axes"]["byte-window"] for r in rows) == ["4", "8"]
+    for r in rows:
+        assert r["flops"] >= 1.2e9 and r["flops_total"] > r["flops"] and r["provenance"]["git_sha"]
+        assert r["config"]["model"]["byte_window"] == int(r["axes"]["byte-window"])
+        assert r["config"]["flops_budget"] == 1.2e9 and r["config"]["optim"]["schedule"] == "flops"
+    assert "| byte-window |" in (out / "sweep.md").read_text()
+    # resumable: a finished cell is not trained again; a cell whose record is lost but whose run finished is
+    # recorded from its run without training; an interrupted cell continues from its checkpoint
+    before = {r["axes"]["byte-window"]: r["val_bpb"] for r in rows}
+    records.write(out / "sweep.jsonl", [])
+    run = out / "byte-window_8__seed0"
+    for ckpt in sorted(run.glob("step_*"))[1:]:  # back to the first checkpoint
+        shutil.rmtree(ckpt)
+    (run / "latest").write_text(sorted(p.name for p in run.glob("step_*"))[0] + "\n")
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    (run / "metrics.jsonl").write_text("\n".join(lines[:2]) + "\n")
+    capsys.readouterr()
+    assert main(argv) == 0
+    said = capsys.readouterr().out
+    assert "byte-window_4__seed0: training" not in said and "byte-window_8__seed0: resuming" in said
+    again = {r["axes"]["byte-window"]: r for r in records.load(out / "sweep.jsonl")}
+    assert again["4"]["val_bpb"] == before["4"]  # recorded from its finished run, not trained again
+    assert again["8"]["flops"] >= 1.2e9
+    assert main(["sweep", str(out), "--report"]) == 0 and "| 4 |" in capsys.readouterr().out
+
+
+def test_bad_axes_and_cells_are_one_line_before_anything_trains(text_corpus, tmp_path, capsys):
+    for axis, message in (("d-model", "FLAG=V1,V2"), ("n-mid,target-rate=2", "one value per flag"),
+                          ("d-model=33", "cell {'d-model': '33'}"), ("bogus-flag=1", "cell {'bogus-flag': '1'}")):
+        assert main(["sweep", str(tmp_path / "s"), "--axis", axis, "--flops-budget", "1e9", "--",
+                     *_train_flags(text_corpus)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("learntok: error:") and message in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "s").exists()
+    assert main(["sweep", str(tmp_path / "s"), "--axis", "d-model=32"]) == 2
+    assert "--flops-budget" in capsys.readouterr().err
+
+
+def test_the_table_puts_the_best_cell_first():
+    def row(d, bpb):
+        return {"axes": {"d-model": d}, "val_bpb": bpb, "val_rate": 0.2, "byte_params": 1, "token_params": 2,
+                "bytes": 1e6, "flops": 1e9, "flops_padded": 1e9, "flops_total": 2e9, "train_seconds": 3}
+    text = table([row("64", 2.5), row("128", 2.1), row("128", 2.2)])
+    body = [x for x in text.splitlines() if x.startswith("| 1") or x.startswith("| 6")]
+    assert body[0].startswith("| 128 | 2 | 2.1500 ± 0.0500") and body[1].startswith("| 64 | 1 | 2.5000")
+    assert json.dumps(row("1", 1.0))  # rows are JSON-ready
+    with pytest.raises(ValueError, match="FLAG=V1,V2"):
+        parse_axes(("=1,2",))
