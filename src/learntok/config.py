@@ -84,7 +84,17 @@ class ModelConfig:
     that gives baselines the same auxiliary loss), or never (a detached probe for every strategy; learned then
     takes its rewards from the probe: the control from the other side)."""
 
+    ngram_sizes: tuple[int, ...] = ()
+    """Hashed byte n-gram embeddings added to the byte embedding (the Byte Latent Transformer's; not in the paper):
+    the sizes n, e.g. 3 4 5 6 7 8; empty: none. A lookup, so no FLOPs; causal (position t reads bytes <= t)."""
+    ngram_table: int = 16384
+    """Rows of each n-gram size's hashed embedding table (--ngram-sizes)."""
+
     def __post_init__(self) -> None:
+        object.__setattr__(self, "ngram_sizes", tuple(int(n) for n in self.ngram_sizes))  # JSON gives a list
+        if any(n < 2 for n in self.ngram_sizes) or self.ngram_table < 1:
+            raise ValueError(f"ngram_sizes must be >= 2 and ngram_table >= 1, got {self.ngram_sizes}, "
+                             f"{self.ngram_table}")
         if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
             raise ValueError(f"d_model={self.d_model} must split into n_heads={self.n_heads} heads of even size")
         if self.token_bucket < 0:

@@ -31,6 +31,7 @@ from learntok.config import ModelConfig
 from learntok.nn.attention import softcap
 from learntok.nn.cache import KVCache
 from learntok.nn.layers import Block, Packing, RMSNorm, rope_tables, run_block
+from learntok.nn.ngram import BEFORE, HashedNgrams
 from learntok.vocab import IGNORE, VOCAB_SIZE
 
 COMPILE_BUCKET = 64
@@ -87,6 +88,8 @@ class GenerationState:
     """(B,D) what later bytes of each row add back (distribute-add: its newest token's output)."""
     boundary: Any
     """The strategy's own step state (`BoundaryStrategy.init_step_state`)."""
+    recent: torch.Tensor | None = None
+    """(B, n) the last n input ids of each row for hashed n-gram embeddings (--ngram-sizes), else None."""
 
 
 class ByteLM(nn.Module):
@@ -112,6 +115,8 @@ class ByteLM(nn.Module):
             return nn.ModuleList(Block(d, H, hidden, window, cfg.attn_softcap, backend) for _ in range(n))
 
         self.embed = nn.Embedding(VOCAB_SIZE, d)
+        with torch.random.fork_rng(devices=[]):  # zero-initialised tables; the other weights' draws unchanged
+            self.ngrams = HashedNgrams(d, cfg.ngram_sizes, cfg.ngram_table) if cfg.ngram_sizes else None
         self.down = blocks(cfg.n_down, byte_hidden, cfg.byte_window)
         self.mid = blocks(cfg.n_mid, tok_hidden, None)
         self.up = blocks(cfg.n_up, byte_hidden, cfg.byte_window)
@@ -154,12 +159,15 @@ class ByteLM(nn.Module):
     def _rope(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return rope_tables(pos, self.cfg.d_model // self.cfg.n_heads, self.cfg.rope_base)
 
-    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+    def _embed(self, ids: torch.Tensor, ngrams: torch.Tensor | None = None) -> torch.Tensor:
         """Byte embeddings, the start of the residual stream. Under autocast (bf16-mixed) the stream is fp32, or
         the autocast dtype with --residual-dtype autocast, whatever dtype the weights are gathered in (FSDP2
         gathers bf16); without autocast, the weights' dtype. Every block returns its input's dtype, so this sets
-        the stream's dtype for the whole U-Net: bf16 halves the bytes its norms, adds and casts move."""
+        the stream's dtype for the whole U-Net: bf16 halves the bytes its norms, adds and casts move. With
+        --ngram-sizes the hashed n-gram embeddings are added (of `ids`, or `ngrams` given by cached generation)."""
         x = self.embed(ids)
+        if self.ngrams is not None:
+            x = x + (self.ngrams(ids) if ngrams is None else ngrams)
         dev = ids.device.type
         if torch.is_autocast_enabled(dev):
             x = x.to(torch.get_autocast_dtype(dev) if self.cfg.residual_dtype == "autocast" else torch.float32)
@@ -319,11 +327,12 @@ class ByteLM(nn.Module):
         def caches(blocks: nn.ModuleList, size: int) -> list[KVCache]:
             return [KVCache.empty(batch, cfg.n_heads, size, dh, dev, dtype) for _ in blocks]
 
+        recent = None if self.ngrams is None else torch.full((batch, self.ngrams.span), BEFORE, device=dev)
         return GenerationState(pos=0, down=caches(self.down, W), up=caches(self.up, W),
                                slot_pos=torch.full((W,), -1, dtype=torch.long, device=dev), mid=caches(self.mid, 64),
                                count=torch.zeros(batch, dtype=torch.long, device=dev),
                                last_tok=torch.zeros(batch, cfg.d_model, device=dev, dtype=dtype),
-                               boundary=self.boundary.init_step_state(batch, noise))
+                               boundary=self.boundary.init_step_state(batch, noise), recent=recent)
 
     @torch.no_grad()
     def step(self, ids_t: torch.Tensor, state: GenerationState) -> tuple[torch.Tensor, torch.Tensor]:
@@ -334,7 +343,11 @@ class ByteLM(nn.Module):
         slot = torch.full((B,), t % W, dtype=torch.long, device=ids_t.device)
         state.slot_pos[t % W] = t
         window = ((state.slot_pos >= 0) & (state.slot_pos > t - W)).expand(B, -1)  # (B,W) the last W bytes
-        x = self._embed(ids_t)[:, None]  # (B,1,D)
+        ngrams = None
+        if self.ngrams is not None:  # the n-grams ending at this byte, from the row's last ids
+            state.recent = torch.cat([state.recent[:, 1:], ids_t[:, None].long()], 1)
+            ngrams = self.ngrams.last(state.recent)
+        x = self._embed(ids_t, ngrams)[:, None]  # (B,1,D)
         for blk, cache in zip(self.down, state.down):
             x = blk.step(x, rope, cache, slot, window)
         a_t, p_t = self.boundary.step(x[:, 0], ids_t, t, state.boundary)  # (B,) bool, (B,)

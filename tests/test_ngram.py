@@ -1,0 +1,70 @@
+"""Hashed byte n-gram embeddings (--ngram-sizes): causal by construction, exact in cached generation, and a model
+that starts as the one without them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from learntok.config import ModelConfig
+from learntok.nn.ngram import ngram_rows
+
+from .conftest import build_model
+from .test_generate import assert_cached_steps_equal_full_forward
+from .test_model import _ids
+
+
+def test_a_row_is_a_function_of_the_last_n_ids_only():
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 256, (3, 40), generator=g)
+    rows = ngram_rows(ids, 4, 1000)
+    later = ids.clone()
+    later[:, 20:] = torch.randint(0, 256, (3, 20), generator=g)
+    assert torch.equal(ngram_rows(later, 4, 1000)[:, :20], rows[:, :20])  # nothing reads ahead
+    early = ids.clone()
+    early[:, :10] = torch.randint(0, 256, (3, 10), generator=g)
+    assert torch.equal(ngram_rows(early, 4, 1000)[:, 13:], rows[:, 13:])  # nor further back than n - 1
+    assert not torch.equal(ngram_rows(early, 4, 1000)[:, 10:13], rows[:, 10:13])
+    assert rows.min() >= 0 and rows.max() < 1000 and len(rows.unique()) > 50  # spread over the table
+
+
+def _ngram_model(tmp_path, strategy="learned", **kw):
+    m = build_model(strategy, tmp_path, model_kw={"ngram_sizes": (2, 3, 5), "ngram_table": 97, **kw})
+    with torch.no_grad():
+        for t in m.ngrams.tables:
+            t.weight.normal_(0, 1.0)  # trained-like tables
+    return m
+
+
+@pytest.mark.parametrize("strategy", ["learned", "uniform", "flat"])
+def test_no_lookahead_with_ngram_embeddings(strategy, tmp_path):
+    m = _ngram_model(tmp_path, strategy)
+    B, L, j = 2, 48, 19
+    seq, seq2 = _ids(B, L, 1), _ids(B, L, 1)
+    seq2[:, j:] = _ids(B, L, 2)[:, j:]
+    noise = torch.rand(B, L, generator=torch.Generator().manual_seed(3))
+    o1, o2 = m(seq[:, :-1], seq[:, 1:], noise=noise), m(seq2[:, :-1], seq2[:, 1:], noise=noise)
+    torch.testing.assert_close(o1.logits[:, :j], o2.logits[:, :j], rtol=0, atol=1e-5)
+    assert torch.equal(o1.boundaries.mask[:, :j], o2.boundaries.mask[:, :j])
+    assert not torch.allclose(o1.logits[:, j:], o2.logits[:, j:])
+
+
+def test_cached_generation_reads_the_same_ngrams(tmp_path):
+    assert_cached_steps_equal_full_forward(_ngram_model(tmp_path, byte_window=8).eval())
+
+
+def test_a_model_with_ngram_tables_starts_as_the_model_without(tmp_path):
+    plain = build_model("learned", tmp_path)
+    with_ngrams = build_model("learned", tmp_path, model_kw={"ngram_sizes": (3, 4), "ngram_table": 64})
+    shared = plain.state_dict()
+    assert all(torch.equal(v, shared[k]) for k, v in with_ngrams.state_dict().items() if k in shared)
+    ids = _ids(2, 32, 0)[:, :-1]
+    noise = torch.rand(2, 32, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(plain(ids, noise=noise).logits, with_ngrams(ids, noise=noise).logits)
+    assert plain.matrix_params() == with_ngrams.matrix_params()  # a lookup: no FLOPs
+
+
+def test_ngram_settings_are_checked_and_kept_as_a_tuple():
+    with pytest.raises(ValueError, match="ngram_sizes must be >= 2"):
+        ModelConfig(ngram_sizes=(1, 3))
+    assert ModelConfig(ngram_sizes=[3, 4]).ngram_sizes == (3, 4)
