@@ -68,3 +68,63 @@ def test_ngram_settings_are_checked_and_kept_as_a_tuple():
     with pytest.raises(ValueError, match="ngram_sizes must be >= 2"):
         ModelConfig(ngram_sizes=(1, 3))
     assert ModelConfig(ngram_sizes=[3, 4]).ngram_sizes == (3, 4)
+
+
+def test_chunk_hashes_are_the_running_hash_of_each_open_chunk():
+    """Vectorised prefix-sum hashes equal the streaming hash that cached generation keeps (restarted after every
+    boundary); equal chunks hash equally wherever they stand; no hash reads a later byte."""
+    from learntok.nn.ngram import ChunkEmbedding, chunk_hashes
+
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 256, (3, 50), generator=g)
+    ids[:, 0] = 256
+    mask = torch.rand(3, 50, generator=g) < 0.25
+    mask[:, 0] = True
+    h = chunk_hashes(ids, mask)
+    running, reset = torch.zeros(3, dtype=torch.long), torch.ones(3, dtype=torch.bool)
+    for t in range(50):
+        running = ChunkEmbedding.extend(running, ids[:, t], reset)
+        assert torch.equal(h[:, t], running), t
+        reset = mask[:, t]
+    word = torch.tensor([[256, 5, 6, 7, 9, 5, 6, 7]])
+    cut = torch.tensor([[True, False, False, True, True, False, False, True]])
+    hw = chunk_hashes(word, cut)
+    assert hw[0, 3] == hw[0, 7] and hw[0, 3] != hw[0, 4]  # "5 6 7" twice: one row
+    later = ids.clone()
+    later[:, 30:] = 0
+    assert torch.equal(chunk_hashes(later, mask)[:, :30], h[:, :30])
+
+
+def _chunk_model(tmp_path, strategy="learned", **kw):
+    m = build_model(strategy, tmp_path, model_kw={"chunk_table": 101, **kw})
+    with torch.no_grad():
+        m.chunks.emb.weight.normal_(0, 1.0)
+    return m
+
+
+@pytest.mark.parametrize("strategy", ["learned", "uniform", "whitespace"])
+def test_no_lookahead_with_the_chunk_embedding(strategy, tmp_path):
+    m = _chunk_model(tmp_path, strategy)
+    B, L, j = 2, 48, 23
+    seq, seq2 = _ids(B, L, 1), _ids(B, L, 1)
+    seq2[:, j:] = _ids(B, L, 2)[:, j:]
+    noise = torch.rand(B, L, generator=torch.Generator().manual_seed(3))
+    o1, o2 = m(seq[:, :-1], seq[:, 1:], noise=noise), m(seq2[:, :-1], seq2[:, 1:], noise=noise)
+    torch.testing.assert_close(o1.logits[:, :j], o2.logits[:, :j], rtol=0, atol=1e-5)
+    assert not torch.allclose(o1.logits[:, j:], o2.logits[:, j:])
+
+
+def test_cached_generation_keeps_the_running_chunk_hash(tmp_path):
+    assert_cached_steps_equal_full_forward(_chunk_model(tmp_path, byte_window=8, ngram_sizes=(3,), ngram_table=31)
+                                           .eval())
+
+
+def test_the_chunk_embedding_changes_the_tokens_not_the_start(tmp_path):
+    plain = build_model("learned", tmp_path)
+    chunked = build_model("learned", tmp_path, model_kw={"chunk_table": 64})
+    ids = _ids(2, 32, 0)[:, :-1]
+    noise = torch.rand(2, 32, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(plain(ids, noise=noise).logits, chunked(ids, noise=noise).logits)
+    with torch.no_grad():
+        chunked.chunks.emb.weight.normal_(0, 1.0)
+    assert not torch.allclose(plain(ids, noise=noise).logits, chunked(ids, noise=noise).logits)

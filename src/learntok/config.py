@@ -89,12 +89,16 @@ class ModelConfig:
     the sizes n, e.g. 3 4 5 6 7 8; empty: none. A lookup, so no FLOPs; causal (position t reads bytes <= t)."""
     ngram_table: int = 16384
     """Rows of each n-gram size's hashed embedding table (--ngram-sizes)."""
+    chunk_table: int = 0
+    """Rows of a hashed embedding of each token's bytes, added to the token level's input (a learned vocabulary of
+    the chunks the boundaries cut, at the cost of a lookup; not in the paper); 0: none. A token closed at byte b
+    reads bytes <= b only."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ngram_sizes", tuple(int(n) for n in self.ngram_sizes))  # JSON gives a list
-        if any(n < 2 for n in self.ngram_sizes) or self.ngram_table < 1:
-            raise ValueError(f"ngram_sizes must be >= 2 and ngram_table >= 1, got {self.ngram_sizes}, "
-                             f"{self.ngram_table}")
+        if any(n < 2 for n in self.ngram_sizes) or self.ngram_table < 1 or self.chunk_table < 0:
+            raise ValueError(f"ngram_sizes must be >= 2, ngram_table >= 1 and chunk_table >= 0, got "
+                             f"{self.ngram_sizes}, {self.ngram_table}, {self.chunk_table}")
         if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
             raise ValueError(f"d_model={self.d_model} must split into n_heads={self.n_heads} heads of even size")
         if self.token_bucket < 0:

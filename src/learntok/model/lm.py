@@ -31,7 +31,7 @@ from learntok.config import ModelConfig
 from learntok.nn.attention import softcap
 from learntok.nn.cache import KVCache
 from learntok.nn.layers import Block, Packing, RMSNorm, rope_tables, run_block
-from learntok.nn.ngram import BEFORE, HashedNgrams
+from learntok.nn.ngram import BEFORE, ChunkEmbedding, HashedNgrams
 from learntok.vocab import IGNORE, VOCAB_SIZE
 
 COMPILE_BUCKET = 64
@@ -90,6 +90,10 @@ class GenerationState:
     """The strategy's own step state (`BoundaryStrategy.init_step_state`)."""
     recent: torch.Tensor | None = None
     """(B, n) the last n input ids of each row for hashed n-gram embeddings (--ngram-sizes), else None."""
+    chunk: torch.Tensor | None = None
+    """(B,) long: each row's running hash of its open chunk (--chunk-table), else None."""
+    chunk_reset: torch.Tensor | None = None
+    """(B,) bool: the previous byte closed a token (the next byte starts a chunk)."""
 
 
 class ByteLM(nn.Module):
@@ -117,6 +121,7 @@ class ByteLM(nn.Module):
         self.embed = nn.Embedding(VOCAB_SIZE, d)
         with torch.random.fork_rng(devices=[]):  # zero-initialised tables; the other weights' draws unchanged
             self.ngrams = HashedNgrams(d, cfg.ngram_sizes, cfg.ngram_table) if cfg.ngram_sizes else None
+            self.chunks = ChunkEmbedding(d, cfg.chunk_table) if cfg.chunk_table else None
         self.down = blocks(cfg.n_down, byte_hidden, cfg.byte_window)
         self.mid = blocks(cfg.n_mid, tok_hidden, None)
         self.up = blocks(cfg.n_up, byte_hidden, cfg.byte_window)
@@ -236,6 +241,8 @@ class ByteLM(nn.Module):
         shapes, padded token level) or None (exact count, packed token level)."""
         rope_byte = self._rope(torch.arange(ids.shape[1], device=ids.device))
         tokens = self.boundary.downsample(x, out, size)  # x: (B,M,D)
+        if self.chunks is not None:  # each token's bytes, hashed (--chunk-table)
+            tokens.x = tokens.x + self.chunks(ids, out.mask, tokens.pos).to(tokens.x.dtype)
         if size is None:
             # Sequences have different token counts: the token level runs on the real tokens only (packed),
             # and pads just for attention, where padding after the real tokens is hidden by causality.
@@ -332,7 +339,9 @@ class ByteLM(nn.Module):
                                slot_pos=torch.full((W,), -1, dtype=torch.long, device=dev), mid=caches(self.mid, 64),
                                count=torch.zeros(batch, dtype=torch.long, device=dev),
                                last_tok=torch.zeros(batch, cfg.d_model, device=dev, dtype=dtype),
-                               boundary=self.boundary.init_step_state(batch, noise), recent=recent)
+                               boundary=self.boundary.init_step_state(batch, noise), recent=recent,
+                               chunk=torch.zeros(batch, dtype=torch.long, device=dev) if self.chunks else None,
+                               chunk_reset=torch.ones(batch, dtype=torch.bool, device=dev) if self.chunks else None)
 
     @torch.no_grad()
     def step(self, ids_t: torch.Tensor, state: GenerationState) -> tuple[torch.Tensor, torch.Tensor]:
@@ -352,6 +361,10 @@ class ByteLM(nn.Module):
             x = blk.step(x, rope, cache, slot, window)
         a_t, p_t = self.boundary.step(x[:, 0], ids_t, t, state.boundary)  # (B,) bool, (B,)
         tok_in = self.boundary.step_token_input(x[:, 0], a_t, state.boundary)  # (B,D)
+        if self.chunks is not None:  # the open chunk's hash now includes this byte; a boundary closes it
+            state.chunk = self.chunks.extend(state.chunk, ids_t, state.chunk_reset)
+            tok_in = tok_in + self.chunks.emb(state.chunk % self.chunks.table).to(tok_in.dtype)
+            state.chunk_reset = a_t.clone()
         if bool(a_t.any()):
             y = tok_in[:, None]  # (B,1,D)
             if state.mid and int(state.count.max()) >= state.mid[0].size:

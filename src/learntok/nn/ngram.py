@@ -1,4 +1,7 @@
-"""Hashed n-gram embeddings (the Byte Latent Transformer's byte n-grams): for each size n, the n ids that end at
+"""Hashed embeddings of byte strings: the Byte Latent Transformer's byte n-grams, and the chunks a model's boundaries
+cut (one embedding per token's content).
+
+Hashed n-gram embeddings (the Byte Latent Transformer's byte n-grams): for each size n, the n ids that end at
 position t are hashed into one of `table` rows of an embedding table of their own, and the rows of all sizes are
 summed. A model adds the sum to its id embeddings, so a byte-level model gets a vocabulary of frequent n-grams that
 costs a lookup, not FLOPs. Position t reads ids t-n+1 .. t only (ids before a row's start count as one value of
@@ -8,6 +11,8 @@ their own): causal by construction.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn as nn
@@ -62,3 +67,53 @@ class HashedNgrams(nn.Module):
         """(B,L) the newest ids of each row (recent[:, -1] the current one; BEFORE where a row has fewer) ->
         (B,D) the embeddings at the newest position: what `forward` gives there (cached generation)."""
         return self(recent)[:, -1]
+
+
+@functools.lru_cache(maxsize=16)
+def _powers(T: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(P^k mod M, P^-k mod M) for k = 0 .. T-1, int64 on the CPU (M is prime: P^-1 = P^(M-2))."""
+    inv = pow(P, M - 2, M)
+    up, down = [1] * T, [1] * T
+    for k in range(1, T):
+        up[k], down[k] = up[k - 1] * P % M, down[k - 1] * inv % M
+    return torch.tensor(up), torch.tensor(down)
+
+
+def chunk_hashes(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(B,T) ids and boundary flags -> (B,T) int64: at each position t, the hash of the bytes from the one after the
+    last boundary before t up to t (the chunk that a boundary at t would close):
+    sum_{k=s..t} (x_k + 1) P^(t-k) mod M. At a boundary byte b_j it is the hash of token j's bytes; it reads no
+    byte after t. Vectorised with prefix sums: Q_t = sum_{k<=t} (x_k + 1) P^-k, hash = (Q_t - Q_{s-1}) P^t."""
+    B, T = ids.shape
+    up, down = (p.to(ids.device) for p in _powers(T))
+    q = (((ids.long() + 1) * down) % M).cumsum(1) % M  # (B,T) Q_t
+    t = torch.arange(T, device=ids.device).expand(B, T)
+    prev = torch.where(mask, t, torch.full_like(t, -1))
+    prev = F.pad(prev[:, :-1], (1, 0), value=-1).cummax(1).values  # (B,T) the last boundary strictly before t
+    q_before = torch.where(prev >= 0, q.gather(1, prev.clamp(min=0)), torch.zeros_like(q))  # Q_{s-1}
+    return (q - q_before) % M * up % M
+
+
+class ChunkEmbedding(nn.Module):
+    """A hashed embedding of each token's byte content, added to the token level's input: a learned vocabulary of
+    the chunks the boundaries cut, at the cost of a lookup. Zero at initialisation. A token closed at byte b_j reads
+    bytes <= b_j only."""
+
+    def __init__(self, dim: int, table: int):
+        super().__init__()
+        if table < 1:
+            raise ValueError(f"the chunk table needs at least 1 row, got {table}")
+        self.table = table
+        self.emb = nn.Embedding(table, dim)
+        nn.init.zeros_(self.emb.weight)
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """ids, mask (B,T); pos (B,M) the byte index of each token slot's boundary -> (B,M,D)."""
+        return self.emb(chunk_hashes(ids, mask).gather(1, pos) % self.table)
+
+    @staticmethod
+    def extend(running: torch.Tensor, ids_t: torch.Tensor, reset: torch.Tensor) -> torch.Tensor:
+        """The running chunk hash after byte ids_t (B,): restarted where `reset` (the previous byte closed a
+        token), else extended (cached generation; `chunk_hashes` at this position)."""
+        x = ids_t.long() + 1
+        return torch.where(reset, x % M, (running * P + x) % M)
