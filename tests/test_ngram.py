@@ -31,8 +31,7 @@ def test_a_row_is_a_function_of_the_last_n_ids_only():
 def _ngram_model(tmp_path, strategy="learned", **kw):
     m = build_model(strategy, tmp_path, model_kw={"ngram_sizes": (2, 3, 5), "ngram_table": 97, **kw})
     with torch.no_grad():
-        for t in m.ngrams.tables:
-            t.weight.normal_(0, 1.0)  # trained-like tables
+        m.ngrams.emb.weight.normal_(0, 1.0)  # trained-like tables
     return m
 
 
@@ -128,3 +127,42 @@ def test_the_chunk_embedding_changes_the_tokens_not_the_start(tmp_path):
     with torch.no_grad():
         chunked.chunks.emb.weight.normal_(0, 1.0)
     assert not torch.allclose(plain(ids, noise=noise).logits, chunked(ids, noise=noise).logits)
+
+
+def test_sparse_table_gradients_are_clipped_with_the_rest():
+    from learntok.train.schedule import clip_gradients
+
+    torch.manual_seed(0)
+    emb, lin = torch.nn.Embedding(50, 8, sparse=True), torch.nn.Linear(8, 1)
+    (lin(emb(torch.tensor([1, 2, 2, 7]))) ** 2).sum().mul(10).backward()
+    dense = [emb.weight.grad.to_dense().clone(), lin.weight.grad.clone(), lin.bias.grad.clone()]
+    total = torch.cat([g.flatten() for g in dense]).norm()
+    norm = clip_gradients([*emb.parameters(), *lin.parameters()], 0.1)
+    torch.testing.assert_close(norm, total)
+    for g, p in zip(dense, [emb.weight, lin.weight, lin.bias]):
+        got = p.grad.to_dense() if p.grad.is_sparse else p.grad
+        torch.testing.assert_close(got, g * 0.1 / (total + 1e-6))
+
+
+def test_training_gives_the_tables_sparse_gradients_and_resumes_exactly(tmp_path, text_corpus):
+    """One eager process: the hashed tables take sparse gradients and SparseAdam (JointOptimizer); the run trains
+    them (they leave zero), checkpoints both optimizers and resumes bit-exactly."""
+    from dataclasses import replace
+
+    from learntok.config import ModelConfig, OptimConfig
+    from learntok.train.schedule import JointOptimizer, make_optimizer
+
+    from .conftest import tiny_train_config
+    from .test_distributed import _assert_same, _run, _weights, run_resumed
+
+    m = build_model("learned", tmp_path, model_kw={"ngram_sizes": (3, 4), "ngram_table": 64, "chunk_table": 32})
+    assert isinstance(make_optimizer(m, OptimConfig(), sparse=True), JointOptimizer)
+    assert m.ngrams.emb.sparse and m.chunks.emb.sparse
+    cfg = tiny_train_config(tmp_path / "x", text_corpus, max_steps=4,
+                            model=ModelConfig(d_model=32, n_heads=2, n_down=1, n_mid=1, n_up=1, byte_window=8,
+                                              ngram_sizes=(3, 4), ngram_table=64, chunk_table=32))
+    _run(replace(cfg, out=str(tmp_path / "full")), world=1)
+    part = run_resumed(replace(cfg, out=str(tmp_path / "part")), at=2)
+    full, resumed = _weights(tmp_path / "full"), _weights(part)
+    _assert_same(full, resumed, atol=1e-7)
+    assert float(full["ngrams.emb.weight"].abs().sum()) > 0 and float(full["chunks.emb.weight"].abs().sum()) > 0

@@ -35,20 +35,20 @@ def ngram_rows(ids: torch.Tensor, n: int, table: int) -> torch.Tensor:
 
 
 class HashedNgrams(nn.Module):
-    """Embedding tables of hashed n-grams, one per size; zero at initialisation (the model starts as the one without
-    them)."""
+    """Embedding tables of hashed n-grams, one block of `table` rows per size in one embedding (one lookup and one
+    gradient for all sizes); zero at initialisation (the model starts as the one without them)."""
 
     def __init__(self, dim: int, sizes: tuple[int, ...], table: int):
         super().__init__()
         if not sizes or min(sizes) < 2 or table < 1:
             raise ValueError(f"n-gram sizes must be >= 2 and the table >= 1 row, got {sizes}, {table}")
         self.sizes, self.table = tuple(sizes), table
-        self.tables = nn.ModuleList(nn.Embedding(table, dim) for _ in self.sizes)
+        self.emb = nn.Embedding(len(self.sizes) * table, dim)
+        self.emb.weight.hashed_table = True  # see hashed_tables
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        for emb in self.tables:
-            nn.init.zeros_(emb.weight)
+        nn.init.zeros_(self.emb.weight)
 
     @property
     def span(self) -> int:
@@ -57,11 +57,8 @@ class HashedNgrams(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """(B,T) ids -> (B,T,D) the summed n-gram embeddings."""
-        out = None
-        for n, emb in zip(self.sizes, self.tables):
-            e = emb(ngram_rows(ids, n, self.table))
-            out = e if out is None else out + e
-        return out
+        rows = torch.stack([i * self.table + ngram_rows(ids, n, self.table) for i, n in enumerate(self.sizes)], -1)
+        return self.emb(rows).sum(-2)  # (B,T,sizes,D) -> (B,T,D)
 
     def last(self, recent: torch.Tensor) -> torch.Tensor:
         """(B,L) the newest ids of each row (recent[:, -1] the current one; BEFORE where a row has fewer) ->
@@ -105,6 +102,7 @@ class ChunkEmbedding(nn.Module):
             raise ValueError(f"the chunk table needs at least 1 row, got {table}")
         self.table = table
         self.emb = nn.Embedding(table, dim)
+        self.emb.weight.hashed_table = True  # see hashed_tables
         nn.init.zeros_(self.emb.weight)
 
     def forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
@@ -117,3 +115,10 @@ class ChunkEmbedding(nn.Module):
         token), else extended (cached generation; `chunk_hashes` at this position)."""
         x = ids_t.long() + 1
         return torch.where(reset, x % M, (running * P + x) % M)
+
+
+def hashed_tables(model: nn.Module) -> list[nn.Embedding]:
+    """The hashed embedding tables of a model (n-grams and chunks). Each step reads a few of their rows, so
+    training can give them sparse gradients and a lazy optimizer (learntok.train.schedule.make_optimizer): their
+    cost then follows the rows read, not the table's size."""
+    return [m for m in model.modules() if isinstance(m, nn.Embedding) and getattr(m.weight, "hashed_table", False)]

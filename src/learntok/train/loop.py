@@ -49,6 +49,7 @@ from learntok.train.schedule import (
     Stopwatch,
     busy_cpu_note,
     check_config,
+    clip_gradients,
     group_lr,
     lr_at,
     make_optimizer,
@@ -167,7 +168,10 @@ def train(cfg: TrainConfig, *, log=print, on_eval: EvalHook | None = None,
     if cfg.compile and sharded:
         model.compile_blocks()  # FSDP2's hooks stay outside the graphs: compile block by block, before sharding
     wrapped = wrap_model(model, cfg.parallel, d, precision)
-    opt = make_optimizer(model, cfg.optim, fused=d.device.type == "cuda" and not sharded)
+    # hashed embedding tables with sparse gradients and a lazy Adam in one eager process (DDP / FSDP and compiled
+    # graphs keep dense gradients)
+    opt = make_optimizer(model, cfg.optim, fused=d.device.type == "cuda" and not sharded,
+                         sparse=not d.active and not cfg.compile)
     if optim_state is not None:
         load_optimizer_state(wrapped, opt, optim_state, sharded)
     if d.is_main:
@@ -424,7 +428,7 @@ def train_step(run: Run, step: int) -> tuple[StepCounts, str]:
             local.append(out.batch_stats)
         run.window.add_micro(out, run.accum)  # on the device: read at log intervals
     clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+    norm = clip_gradients(model.parameters(), clip)
     if hasattr(norm, "full_tensor"):  # FSDP2: a DTensor over the shards
         norm = norm.full_tensor()
     # The step's one read from the device (besides --token-bucket's count): skip a non-finite update.

@@ -98,21 +98,83 @@ def lr_at(opt: OptimConfig, bytes_seen: float, total_bytes: float, elapsed: floa
     return opt.lr * (opt.min_lr_ratio + (1 - opt.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
-def make_optimizer(model: torch.nn.Module, opt: OptimConfig, fused: bool = False) -> torch.optim.AdamW:
-    """AdamW; weight decay on matrices only (not norms, biases or the byte embedding). A parameter with an
-    `lr_scale` attribute (set by the module that owns it, e.g. the rate controller) gets a group of its own, without
-    weight decay, whose learning rate is the schedule's times that scale (`group_lr`). `fused`: one CUDA kernel for
-    the whole update (CUDA only), else the multi-tensor (foreach) implementation."""
+def make_optimizer(model: torch.nn.Module, opt: OptimConfig, fused: bool = False, sparse: bool = False):
+    """AdamW; weight decay on matrices only (not norms, biases, the byte embedding or hashed embedding tables). A
+    parameter with an `lr_scale` attribute (set by the module that owns it, e.g. the rate controller) gets a group
+    of its own, without weight decay, whose learning rate is the schedule's times that scale (`group_lr`). `fused`:
+    one CUDA kernel for the whole update (CUDA only), else the multi-tensor (foreach) implementation. `sparse`: the
+    hashed embedding tables (learntok.nn.ngram) take sparse gradients and a lazy Adam of their own (SparseAdam: a
+    row's moments move only when a step reads it), beside AdamW for the rest (`JointOptimizer`)."""
+    from learntok.nn.ngram import hashed_tables
+
+    tables = hashed_tables(model)
+    lazy = {id(t.weight) for t in tables} if sparse else set()
+    for t in tables:
+        t.sparse = sparse
     decay, no_decay, scaled = [], [], {}
     for name, p in model.named_parameters():
+        if id(p) in lazy:
+            continue
         if hasattr(p, "lr_scale"):
             scaled.setdefault(float(p.lr_scale), []).append(p)
         else:
-            (decay if p.dim() >= 2 and not name.startswith("embed") else no_decay).append(p)
+            matrix = p.dim() >= 2 and not name.startswith("embed") and not getattr(p, "hashed_table", False)
+            (decay if matrix else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": opt.weight_decay}, {"params": no_decay, "weight_decay": 0.0},
               *({"params": ps, "weight_decay": 0.0, "lr_scale": k} for k, ps in scaled.items())]
     impl = {"fused": True} if fused else {"foreach": True}
-    return torch.optim.AdamW(groups, lr=opt.lr, betas=(opt.beta1, opt.beta2), **impl)
+    dense = torch.optim.AdamW(groups, lr=opt.lr, betas=(opt.beta1, opt.beta2), **impl)
+    if not lazy:
+        return dense
+    return JointOptimizer(dense, torch.optim.SparseAdam([t.weight for t in tables], lr=opt.lr,
+                                                        betas=(opt.beta1, opt.beta2)))
+
+
+class JointOptimizer:
+    """Two optimizers stepped as one (AdamW for dense parameters, SparseAdam for sparse embedding tables): the
+    training loop sets learning rates on `param_groups`, steps, zeroes, saves and loads it like one optimizer."""
+
+    def __init__(self, *parts: torch.optim.Optimizer):
+        self.parts = parts
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return [g for o in self.parts for g in o.param_groups]
+
+    def step(self) -> None:
+        for o in self.parts:
+            o.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for o in self.parts:
+            o.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict:
+        return {"joint": [o.state_dict() for o in self.parts]}
+
+    def load_state_dict(self, state: dict) -> None:
+        if "joint" not in state or len(state["joint"]) != len(self.parts):
+            raise ValueError("the checkpoint's optimizer state is not this run's: its hashed embedding tables were "
+                             "trained with dense gradients (several processes or --compile); resume it the same way")
+        for o, s in zip(self.parts, state["joint"]):
+            o.load_state_dict(s)
+
+
+def clip_gradients(params, max_norm: float) -> torch.Tensor:
+    """torch.nn.utils.clip_grad_norm_, also over sparse gradients (the hashed tables'): the total 2-norm of every
+    gradient, and all of them scaled by max_norm / norm when it exceeds max_norm. Returns the norm before."""
+    params = [p for p in params if p.grad is not None]
+    if not any(p.grad.is_sparse for p in params):
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+    parts = [p.grad.coalesce().values() if p.grad.is_sparse else p.grad for p in params]
+    norm = torch.nn.utils.get_total_norm(parts)
+    scale = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+    for p in params:
+        if p.grad.is_sparse:
+            p.grad = p.grad.coalesce() * scale.to(p.grad.dtype)
+        else:
+            p.grad.mul_(scale.to(p.grad.dtype))
+    return norm
 
 
 def group_lr(group: dict, lr: float) -> float:
