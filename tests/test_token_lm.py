@@ -18,9 +18,9 @@ from learntok.vocab import BOS, EOS
 from .conftest import prescribed_for, sample_docs, tiny_model, tiny_train_config
 
 
-def _model(tmp_path):
+def _model(tmp_path, **model_kw):
     torch.manual_seed(0)
-    m = build_model(tiny_model(arch="token", n_mid=2), boundary_config("bpe", bpe_vocab_size=300))
+    m = build_model(tiny_model(arch="token", n_mid=2, **model_kw), boundary_config("bpe", bpe_vocab_size=300))
     docs = sample_docs()
     m.boundary.prepare(docs[:-2], docs[-2:], tmp_path)
     return m.train()
@@ -51,8 +51,14 @@ def test_bits_per_byte_are_the_tokens_nll_over_their_bytes(tmp_path):
     assert float(flat.terms["loss/token"]) == pytest.approx(math.log(m.vocab), rel=1e-5)
 
 
-def test_no_token_sees_a_later_one(tmp_path):
-    m = _model(tmp_path)
+@pytest.mark.parametrize("ngrams", [False, True])
+def test_no_token_sees_a_later_one(tmp_path, ngrams):
+    """Also with hashed token n-gram embeddings (--ngram-sizes: the BPE transformer's control for byte n-grams)."""
+    m = _model(tmp_path, **({"ngram_sizes": (2, 3), "ngram_table": 97} if ngrams else {}))
+    if ngrams:
+        with torch.no_grad():
+            m.ngrams.emb.weight.normal_(0, 1.0)
+        assert m.matrix_params() == _model(tmp_path).matrix_params()  # a lookup: no FLOPs
     a = _row(b"the quick brown fox jumps over the lazy dog and then some")
     b = a.clone()
     b[0, 30:] = torch.tensor(list(b"XYZXYZXYZXYZXYZXYZXYZXYZXYZXYZ"[: a.shape[1] - 30]))

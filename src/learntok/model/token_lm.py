@@ -26,6 +26,7 @@ from learntok.config import ModelConfig
 from learntok.model.lm import ModelOutput
 from learntok.nn.attention import softcap
 from learntok.nn.layers import Block, RMSNorm, rope_tables, run_block
+from learntok.nn.ngram import HashedNgrams
 from learntok.vocab import EOS, IGNORE
 
 
@@ -48,6 +49,9 @@ class TokenLM(nn.Module):
         backend = cfg.attn_backend  # "auto" is resolved per call, on the device of the inputs
         hidden = round(cfg.token_mlp_mult * d)
         self.embed = nn.Embedding(self.vocab, d)
+        with torch.random.fork_rng(devices=[]):  # --ngram-sizes: hashed token n-grams (the control for byte n-grams)
+            self.ngrams = HashedNgrams(d, cfg.ngram_sizes, cfg.ngram_table, before=self.vocab) \
+                if cfg.ngram_sizes else None
         self.blocks = nn.ModuleList(Block(d, H, hidden, None, cfg.attn_softcap, backend) for _ in range(cfg.n_mid))
         self.norm_out = RMSNorm(d)
         self.head = nn.Linear(d, self.vocab, bias=False)
@@ -120,6 +124,8 @@ class TokenLM(nn.Module):
         rope = rope_tables(torch.arange(M, device=targets.device), self.cfg.d_model // self.cfg.n_heads,
                            self.cfg.rope_base)
         h = self.embed(inp)
+        if self.ngrams is not None:
+            h = h + self.ngrams(inp)
         for blk in self.blocks:
             h = run_block(blk, h, rope, recompute=self.activation_checkpointing and self.training)
         logits = softcap(self.head(self.norm_out(h)).float(), self.cfg.final_softcap)  # (B,M,V)
@@ -137,7 +143,8 @@ class TokenLM(nn.Module):
 
     def matrix_params(self) -> tuple[int, int]:
         """(byte-level, token-level) matrix parameters: everything runs per token (blocks and output head)."""
-        return 0, sum(p.numel() for n, p in self.named_parameters() if p.dim() >= 2 and not n.startswith("embed"))
+        return 0, sum(p.numel() for n, p in self.named_parameters()
+                      if p.dim() >= 2 and not n.startswith("embed") and not getattr(p, "hashed_table", False))
 
     def train_flops(self, n_bytes: float, n_tokens: float) -> float:
         return 6.0 * self.matrix_params()[1] * n_tokens

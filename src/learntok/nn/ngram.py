@@ -24,12 +24,13 @@ BEFORE = 1023
 """The id of positions before a row's start (above every byte and special id)."""
 
 
-def ngram_rows(ids: torch.Tensor, n: int, table: int) -> torch.Tensor:
-    """(B,T) ids -> (B,T) table rows of the n-grams ending at each position."""
+def ngram_rows(ids: torch.Tensor, n: int, table: int, before: int = BEFORE) -> torch.Tensor:
+    """(B,T) ids -> (B,T) table rows of the n-grams ending at each position (`before`: the id of positions before
+    a row's start, above every real id)."""
     h = torch.full_like(ids, n, dtype=torch.long)
     T = ids.shape[1]
-    for j in range(n):  # x_{t-j}: the row shifted right by j, BEFORE where it runs off the start
-        x = F.pad(ids.long(), (j, 0), value=BEFORE)[:, :T]
+    for j in range(n):  # x_{t-j}: the row shifted right by j, `before` where it runs off the start
+        x = F.pad(ids.long(), (j, 0), value=before)[:, :T]
         h = (h * P + x + 1) % M
     return h % table
 
@@ -38,11 +39,11 @@ class HashedNgrams(nn.Module):
     """Embedding tables of hashed n-grams, one block of `table` rows per size in one embedding (one lookup and one
     gradient for all sizes); zero at initialisation (the model starts as the one without them)."""
 
-    def __init__(self, dim: int, sizes: tuple[int, ...], table: int):
+    def __init__(self, dim: int, sizes: tuple[int, ...], table: int, before: int = BEFORE):
         super().__init__()
         if not sizes or min(sizes) < 2 or table < 1:
             raise ValueError(f"n-gram sizes must be >= 2 and the table >= 1 row, got {sizes}, {table}")
-        self.sizes, self.table = tuple(sizes), table
+        self.sizes, self.table, self.before = tuple(sizes), table, before
         self.emb = nn.Embedding(len(self.sizes) * table, dim)
         self.emb.weight.hashed_table = True  # see hashed_tables
         self.reset_parameters()
@@ -57,7 +58,8 @@ class HashedNgrams(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """(B,T) ids -> (B,T,D) the summed n-gram embeddings."""
-        rows = torch.stack([i * self.table + ngram_rows(ids, n, self.table) for i, n in enumerate(self.sizes)], -1)
+        rows = torch.stack([i * self.table + ngram_rows(ids, n, self.table, self.before)
+                            for i, n in enumerate(self.sizes)], -1)
         return self.emb(rows).sum(-2)  # (B,T,sizes,D) -> (B,T,D)
 
     def last(self, recent: torch.Tensor) -> torch.Tensor:
