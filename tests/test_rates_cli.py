@@ -108,3 +108,18 @@ def test_rate_errors_are_one_line(runs, capsys):
         code, out, err = _run(capsys, *argv)
         assert code == 2 and err.startswith("learntok: error:") and len(err.strip().splitlines()) == 1, (argv, err)
         assert "rate" in err
+
+
+def test_a_bundled_model_gets_a_calibrated_copy(tmp_path, capsys, corpus):  # noqa: F811
+    """The bundled model's directory is part of the installation: calibrate needs --out, and writes the model with
+    its table there, which --rate then uses."""
+    code, _, err = _run(capsys, "calibrate", "enwiki-small", "--data", str(corpus / "valid"))
+    assert code == 2 and "--out" in err
+    out = tmp_path / "mine"
+    code, _, err = _run(capsys, "calibrate", "enwiki-small", "--data", str(corpus / "valid"), "--rates", "0.1", "0.3",
+                        "--max-bytes", "4096", "--out", str(out))
+    assert code == 0, err
+    from learntok.pretrained import from_pretrained
+
+    assert from_pretrained(out).boundary.calibration.rates == (0.1, 0.3)
+    assert _run(capsys, "segment", str(out), "--rate", "0.1", "--text", "a calibrated copy")[0] == 0

@@ -150,7 +150,8 @@ class CalibrateArgs:
 
     examples:
       learntok calibrate runs/variable                       # 9 rates over the model's --rate-range
-      learntok calibrate runs/fixed --rates 0.1 0.15 0.2 0.3 # any learned model: its logits shifted, calibrated"""
+      learntok calibrate runs/fixed --rates 0.1 0.15 0.2 0.3 # any learned model: its logits shifted, calibrated
+      learntok calibrate enwiki-small --data notes.txt --out models/mine   # a calibrated copy of a bundled model"""
 
     checkpoint: Annotated[str, tyro.conf.Positional]
     """Run directory, checkpoint directory or exported model directory."""
@@ -168,7 +169,8 @@ class CalibrateArgs:
     seed: int = EVAL_SEED
     """Seed of the boundary noise (learntok eval's)."""
     out: str | None = None
-    """Directory to write rate_calibration.json into (default: beside the model)."""
+    """Write the model with its calibration table into this directory (an exported model directory) instead of
+    adding the table beside the model (needed for a bundled model or one from the Hub)."""
 
     def __post_init__(self) -> None:
         if any(not 0 < r < 1 for r in self.rates):
@@ -194,8 +196,11 @@ def cmd_calibrate(argv: list[str]) -> int:
                          "learned policy has)")
     if loaded.cfg is None and a.data is None:
         raise UsageError(f"{a.checkpoint} is an exported model, not a training run: give --data PATH to fit on")
-    if loaded.hub_id and a.out is None:
-        raise UsageError(f"{a.checkpoint} came from the Hub: give --out DIR for the calibration table")
+    from learntok.pretrained import bundled, save_pretrained
+
+    if (loaded.hub_id or bundled(str(a.checkpoint))) and a.out is None:
+        raise UsageError(f"{a.checkpoint} is {'a Hub model' if loaded.hub_id else 'bundled with learntok'}: give --out "
+                         "DIR to write a calibrated copy of it there")
     cfg = loaded.cfg or TrainConfig(model=model.cfg, boundary=model.bcfg, data=DataConfig(seq_len=loaded.seq_len))
     desc, docs = heldout_documents(cfg, a.data, a.split)
     seqs = ByteSequences(docs, cfg.data.seq_len, cfg.data.pack, name=f"held-out data {desc}")
@@ -203,6 +208,8 @@ def cmd_calibrate(argv: list[str]) -> int:
     model.boundary.calibration = None  # fit from the model's own logits
     table = calibrate(model, seqs, a.rates or default_rates(model), bm, max_bytes=a.max_bytes,
                       source=f"{desc}, first {a.max_bytes:,} bytes", log=lambda s: print(s, file=sys.stderr))
+    if a.out:  # a calibrated copy: the model and its table
+        save_pretrained(model, a.out, seq_len=loaded.seq_len, source_dir=loaded.run_dir or loaded.path)
     path = table.save(Path(a.out) if a.out else (loaded.run_dir or loaded.path))
     worst = max(abs(r - g) for r, g in zip(table.rates, table.info["realised"]))
     print(f"wrote {path}: {len(table.rates)} asked rates from {table.rates[0]:.4f} to {table.rates[-1]:.4f}, largest "
