@@ -380,3 +380,26 @@ def test_a_variable_rate_model_starts_from_the_fixed_rate_models_weights(tmp_pat
     a, b = fixed.eval()(ids, noise=noise), var.eval()(ids, noise=noise)
     assert torch.equal(a.boundaries.mask, b.boundaries.mask)
     torch.testing.assert_close(a.logits, b.logits)
+
+
+@pytest.mark.filterwarnings("ignore:FSDP2-wrapped module")
+def test_optimizer_groups_survive_fsdp_sharding(tmp_path):
+    """FSDP2 replaces every parameter (attributes set on the old ones are lost): the controller's learning-rate
+    group and the tables' exemption from weight decay are found by module type, so they hold on a sharded model."""
+    import torch.distributed as dist
+
+    from learntok.config import OptimConfig
+    from learntok.train.parallel import Dist, wrap_model
+    from learntok.train.schedule import make_optimizer
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        m = _variable(tmp_path, rate_controller=True, model_kw={"ngram_sizes": (3,), "ngram_table": 16})
+        wrap_model(m, "fsdp", Dist(group=True))
+        opt = make_optimizer(m, OptimConfig(weight_decay=0.1))
+        by_param = {id(p): g for g in opt.param_groups for p in g["params"]}
+        assert by_param[id(m.boundary.controller.offset)].get("lr_scale") == 30.0
+        assert by_param[id(m.ngrams.emb.weight)]["weight_decay"] == 0.0
+        assert by_param[id(m.down[0].attn.qkv.weight)]["weight_decay"] == 0.1
+    finally:
+        dist.destroy_process_group()

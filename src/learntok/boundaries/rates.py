@@ -111,7 +111,6 @@ class RateController(nn.Module):
         lo, hi = (logit(r) for r in rate_range)
         self.grid = [lo + (hi - lo) * i / (knots - 1) for i in range(knots)]
         self.offset = nn.Parameter(torch.zeros(knots))
-        self.offset.lr_scale = self.LR_SCALE
 
     def forward(self, rate: torch.Tensor) -> torch.Tensor:
         """rate (B,) -> c(rate) (B,) with gradient to the knots."""
@@ -120,6 +119,12 @@ class RateController(nn.Module):
         i = torch.searchsorted(xs, x.detach(), right=True).clamp(1, len(self.grid) - 1)
         w = (x - xs[i - 1]) / (xs[i] - xs[i - 1])  # (B,) in [0, 1]
         return self.offset[i - 1] * (1 - w) + self.offset[i] * w
+
+
+def lr_scales(model: nn.Module) -> dict[int, float]:
+    """id(parameter) -> its learning-rate scale, for the parameters that have one (the rate controller's), found by
+    module type (which survives FSDP2's sharding, unlike parameter attributes)."""
+    return {id(p): m.LR_SCALE for m in model.modules() if isinstance(m, RateController) for p in m.parameters()}
 
 
 def interp(x: torch.Tensor, xp: list[float], fp: list[float]) -> torch.Tensor:

@@ -144,7 +144,7 @@ class TokenLM(nn.Module):
     def matrix_params(self) -> tuple[int, int]:
         """(byte-level, token-level) matrix parameters: everything runs per token (blocks and output head)."""
         return 0, sum(p.numel() for n, p in self.named_parameters()
-                      if p.dim() >= 2 and not n.startswith("embed") and not getattr(p, "hashed_table", False))
+                      if p.dim() >= 2 and not n.startswith(("embed", "ngrams.")))
 
     def train_flops(self, n_bytes: float, n_tokens: float) -> float:
         return 6.0 * self.matrix_params()[1] * n_tokens

@@ -45,7 +45,6 @@ class HashedNgrams(nn.Module):
             raise ValueError(f"n-gram sizes must be >= 2 and the table >= 1 row, got {sizes}, {table}")
         self.sizes, self.table, self.before = tuple(sizes), table, before
         self.emb = nn.Embedding(len(self.sizes) * table, dim)
-        self.emb.weight.hashed_table = True  # see hashed_tables
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -104,7 +103,6 @@ class ChunkEmbedding(nn.Module):
             raise ValueError(f"the chunk table needs at least 1 row, got {table}")
         self.table = table
         self.emb = nn.Embedding(table, dim)
-        self.emb.weight.hashed_table = True  # see hashed_tables
         nn.init.zeros_(self.emb.weight)
 
     def forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
@@ -122,5 +120,6 @@ class ChunkEmbedding(nn.Module):
 def hashed_tables(model: nn.Module) -> list[nn.Embedding]:
     """The hashed embedding tables of a model (n-grams and chunks). Each step reads a few of their rows, so
     training can give them sparse gradients and a lazy optimizer (learntok.train.schedule.make_optimizer): their
-    cost then follows the rows read, not the table's size."""
-    return [m for m in model.modules() if isinstance(m, nn.Embedding) and getattr(m.weight, "hashed_table", False)]
+    cost then follows the rows read, not the table's size. Found by module type, which survives FSDP2's sharding
+    (parameter attributes do not)."""
+    return [m.emb for m in model.modules() if isinstance(m, (HashedNgrams, ChunkEmbedding))]

@@ -100,25 +100,27 @@ def lr_at(opt: OptimConfig, bytes_seen: float, total_bytes: float, elapsed: floa
 
 def make_optimizer(model: torch.nn.Module, opt: OptimConfig, fused: bool = False, sparse: bool = False):
     """AdamW; weight decay on matrices only (not norms, biases, the byte embedding or hashed embedding tables). A
-    parameter with an `lr_scale` attribute (set by the module that owns it, e.g. the rate controller) gets a group
+    parameter with a learning-rate scale (learntok.boundaries.rates.lr_scales: the rate controller's) gets a group
     of its own, without weight decay, whose learning rate is the schedule's times that scale (`group_lr`). `fused`:
     one CUDA kernel for the whole update (CUDA only), else the multi-tensor (foreach) implementation. `sparse`: the
     hashed embedding tables (learntok.nn.ngram) take sparse gradients and a lazy Adam of their own (SparseAdam: a
     row's moments move only when a step reads it), beside AdamW for the rest (`JointOptimizer`)."""
+    from learntok.boundaries.rates import lr_scales
     from learntok.nn.ngram import hashed_tables
 
     tables = hashed_tables(model)
-    lazy = {id(t.weight) for t in tables} if sparse else set()
+    table_ids, scales = {id(t.weight) for t in tables}, lr_scales(model)
+    lazy = table_ids if sparse else set()
     for t in tables:
         t.sparse = sparse
     decay, no_decay, scaled = [], [], {}
     for name, p in model.named_parameters():
         if id(p) in lazy:
             continue
-        if hasattr(p, "lr_scale"):
-            scaled.setdefault(float(p.lr_scale), []).append(p)
+        if id(p) in scales:
+            scaled.setdefault(scales[id(p)], []).append(p)
         else:
-            matrix = p.dim() >= 2 and not name.startswith("embed") and not getattr(p, "hashed_table", False)
+            matrix = p.dim() >= 2 and not name.startswith("embed") and id(p) not in table_ids
             (decay if matrix else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": opt.weight_decay}, {"params": no_decay, "weight_decay": 0.0},
               *({"params": ps, "weight_decay": 0.0, "lr_scale": k} for k, ps in scaled.items())]
