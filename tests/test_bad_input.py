@@ -34,6 +34,7 @@ def test_output_into_a_closed_pipe_is_quiet(argv):
     (["train", "--rate-range", "0.25", "0.4"], "must lie in rate_range"),
     (["train", "--rate-strata", "2"], "need rate_range"),
     (["train", "--rate-range", "0.1", "0.3", "--rate-strata", "3"], "--rate-strata 3 must cut batch_size=8"),
+    (["train", "--rate-range", "0.1", "0.3", "--batch-stats", "lagged"], "--batch-stats lagged cannot serve"),
     (["nosuchcommand"], "unknown command 'nosuchcommand'"),
 ])
 def test_bad_flags_are_one_line_before_the_data_is_read(tmp_path, monkeypatch, capsys, argv, message):

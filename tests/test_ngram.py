@@ -60,7 +60,6 @@ def test_a_model_with_ngram_tables_starts_as_the_model_without(tmp_path):
     ids = _ids(2, 32, 0)[:, :-1]
     noise = torch.rand(2, 32, generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(plain(ids, noise=noise).logits, with_ngrams(ids, noise=noise).logits)
-    assert plain.matrix_params() == with_ngrams.matrix_params()  # a lookup: no FLOPs
 
 
 def test_ngram_settings_are_checked_and_kept_as_a_tuple():

@@ -123,3 +123,35 @@ def test_a_bundled_model_gets_a_calibrated_copy(tmp_path, capsys, corpus):  # no
 
     assert from_pretrained(out).boundary.calibration.rates == (0.1, 0.3)
     assert _run(capsys, "segment", str(out), "--rate", "0.1", "--text", "a calibrated copy")[0] == 0
+
+
+def test_a_calibrated_tokenizer_saves_its_table_and_mismatches_are_said(variable, capsys, tmp_path):
+    import warnings
+
+    from learntok.errors import LearntokWarning
+    from learntok.tokenizer import LearnedTokenizer
+
+    assert _run(capsys, "calibrate", str(variable), "--rates", "0.15", "0.3", "--max-bytes", "4096")[0] == 0
+    table = json.loads((variable / "rate_calibration.json").read_text())
+    assert table["mode"] == "sample" and table["checkpoint"].startswith("step_")
+    tok = LearnedTokenizer.from_pretrained(variable, rate=0.15)
+    out = tok.save_pretrained(tmp_path / "tok")
+    again = LearnedTokenizer.from_pretrained(out)
+    assert again.rate == 0.15 and again.model.boundary.calibration.rates == (0.15, 0.3)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        LearnedTokenizer.from_pretrained(variable, greedy=True)  # fitted for sampled boundaries
+    assert any(issubclass(w.category, LearntokWarning) and "fitted for sample" in str(w.message) for w in seen)
+    (variable / "rate_calibration.json").write_text("{}")
+    code, _, err = _run(capsys, "segment", str(variable), "--text", "x")
+    assert code == 2 and "not a calibration table" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_sparse_optimizer_state_is_not_resumed_densely():
+    import torch
+
+    from learntok.train.parallel import load_optimizer_state
+
+    opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))])
+    with pytest.raises(ValueError, match="sparse gradients"):
+        load_optimizer_state(torch.nn.Linear(1, 1), opt, {"joint": [{}, {}]}, sharded=False)

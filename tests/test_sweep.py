@@ -83,3 +83,13 @@ def test_the_table_puts_the_best_cell_first():
     assert json.dumps(row("1", 1.0))  # rows are JSON-ready
     with pytest.raises(ValueError, match="FLAG=V1,V2"):
         parse_axes(("=1,2",))
+
+
+def test_a_cell_started_with_other_flags_is_refused(text_corpus, tmp_path, capsys):
+    out = tmp_path / "sweep"
+    cell = out / "byte-window_4__seed0"
+    cell.parent.mkdir(parents=True)
+    cell.with_name(cell.name + ".cell.json").write_text(json.dumps(["train", "--lr", "1"]) + "\n")
+    assert main(["sweep", str(out), "--axis", "byte-window=4", "--flops-budget", BUDGET, "--",
+                 *_train_flags(text_corpus)]) == 2
+    assert "was started with other flags" in capsys.readouterr().err

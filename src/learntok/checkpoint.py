@@ -246,4 +246,7 @@ def load_run(path: str | Path, device: str | torch.device = "cpu"):
     model.boundary.prepare([], [], run_dir)
     load_weights(ckpt, model)
     model.seq_len = cfg.data.seq_len  # the context length it was trained on (used to window long texts)
+    from learntok.boundaries.rates import warn_mismatch
+
+    warn_mismatch(model, checkpoint=ckpt.name)  # a calibration table fitted on another checkpoint
     return cfg, model.to(device).eval()

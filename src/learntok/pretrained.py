@@ -56,6 +56,9 @@ def save_pretrained(model, out_dir: str | Path, *, seq_len: int, source_dir: str
             shutil.copytree(src, out / name, dirs_exist_ok=True)
         elif src.exists():
             shutil.copy2(src, out / name)
+    calibration = getattr(model.boundary, "calibration", None)
+    if calibration is not None:  # the table in memory is the model's (the file copied above may be another's)
+        calibration.save(out)
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     if card:
         write_model_card(out, model, seq_len, run_dir=source_dir)

@@ -21,7 +21,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from learntok.draw import EVAL_SEED, check_precision, draw_texts
+from learntok.draw import EVAL_SEED, check_precision, draw_texts, evaluates_greedily
 from learntok.vocab import BOS, PAD
 
 CONFIG_FILE = "learntok_tokenizer.json"
@@ -81,6 +81,9 @@ class LearnedTokenizer:
         self.greedy, self.seed, self.batch_size, self.rate = greedy, seed, batch_size, rate
         if rate is not None:  # the model's asked rate (ByteLM.set_rate): every tokenizer sharing it sees it
             model.set_rate(rate)
+        from learntok.boundaries.rates import warn_mismatch
+
+        warn_mismatch(model, greedy=greedy or evaluates_greedily(model))
         self.precision = check_precision(precision)
         self.window = window or getattr(model, "seq_len", 512)
 

@@ -121,6 +121,18 @@ class RateController(nn.Module):
         return self.offset[i - 1] * (1 - w) + self.offset[i] * w
 
 
+def warn_mismatch(model, greedy: bool | None = None, checkpoint: str | None = None) -> None:
+    """A LearntokWarning when the model's calibration table may not fit (Calibration.mismatch)."""
+    cal = getattr(getattr(model, "boundary", None), "calibration", None)
+    why = cal.mismatch(greedy, checkpoint) if cal is not None else None
+    if why:
+        import warnings
+
+        from learntok.errors import LearntokWarning
+
+        warnings.warn(why, LearntokWarning, stacklevel=3)
+
+
 def lr_scales(model: nn.Module) -> dict[int, float]:
     """id(parameter) -> its learning-rate scale, for the parameters that have one (the rate controller's), found by
     module type (which survives FSDP2's sharding, unlike parameter attributes)."""
@@ -169,8 +181,26 @@ class Calibration:
         """The table saved in `directory`, or None if there is none."""
         if directory is None or not (Path(directory) / RATE_CALIBRATION).is_file():
             return None
-        d = json.loads((Path(directory) / RATE_CALIBRATION).read_text())
-        rates, offsets = d.pop("rates"), d.pop("offsets")
+        path = Path(directory) / RATE_CALIBRATION
+        try:
+            d = json.loads(path.read_text())
+            rates, offsets = d.pop("rates"), d.pop("offsets")
+        except (ValueError, KeyError, AttributeError) as e:
+            raise ValueError(f"{path}: not a calibration table ({e}); run learntok calibrate again") from None
         if len(rates) != len(offsets) or not rates or any(b <= a for a, b in zip(rates, rates[1:])):
-            raise ValueError(f"{Path(directory) / RATE_CALIBRATION}: rates must be increasing, one offset each")
+            raise ValueError(f"{path}: rates must be increasing, one offset each")
         return Calibration(tuple(rates), tuple(offsets), d)
+
+    def mismatch(self, greedy: bool | None = None, checkpoint: str | None = None) -> str | None:
+        """Why the table may not fit these draws: fitted for the other boundary mode (greedy or sampled; None:
+        not checked), or on another checkpoint than `checkpoint`; None when it fits."""
+        mode = self.info.get("mode")
+        if greedy is not None and mode is not None and (mode == "greedy") != greedy:
+            return (f"the rate calibration table was fitted for {mode} boundaries and these are "
+                    f"{'greedy' if greedy else 'sampled'}: the realised rate can miss the asked one (run learntok "
+                    f"calibrate {'--greedy ' if greedy else ''}again)")
+        fitted = self.info.get("checkpoint")
+        if checkpoint is not None and fitted is not None and fitted != checkpoint:
+            return (f"the rate calibration table was fitted on {fitted}, not {checkpoint}: run learntok calibrate "
+                    "again")
+        return None

@@ -111,7 +111,7 @@ def cmd_eval(argv: list[str]) -> int:
                       heldout=a.heldout, robustness=a.robustness, progress=a.progress, rate=a.rate,
                       rate_sweep=tuple(sweep), sweep_bytes=a.sweep_bytes)
     loaded = load(a.checkpoint, resolve_device(a.device))
-    if loaded.cfg is None and a.heldout and a.data is None:
+    if loaded.cfg is None and (a.heldout or a.rate_sweep) and a.data is None:
         raise UsageError(f"{a.checkpoint} is an exported model, not a training run, so it has no held-out split: "
                          "give --data PATH (any data spec learntok train accepts) or --no-heldout")
     model, ckpt, run_dir = loaded.model, loaded.checkpoint, loaded.run_dir
@@ -168,6 +168,8 @@ class CalibrateArgs:
     """Fit for greedy boundaries (p > 0.5) instead of one sample with --seed (the paper's evaluation)."""
     seed: int = EVAL_SEED
     """Seed of the boundary noise (learntok eval's)."""
+    device: str = "cpu"
+    """cpu, cuda, cuda:N or auto."""
     out: str | None = None
     """Write the model with its calibration table into this directory (an exported model directory) instead of
     adding the table beside the model (needed for a bundled model or one from the Hub)."""
@@ -184,12 +186,13 @@ def cmd_calibrate(argv: list[str]) -> int:
     a = parse(CalibrateArgs, argv, "learntok calibrate", CalibrateArgs.__doc__ or "")
     from learntok.config import DataConfig, TrainConfig
     from learntok.data import ByteSequences
+    from learntok.device import resolve_device
     from learntok.evaluation.bpb import BoundaryMode
     from learntok.evaluation.rates import calibrate, default_rates
     from learntok.evaluation.report import heldout_documents
     from learntok.pretrained import load
 
-    loaded = load(a.checkpoint)
+    loaded = load(a.checkpoint, resolve_device(a.device))
     model = loaded.model
     if not model.boundary.rate_knob:
         raise UsageError(f"{a.checkpoint}: --boundaries {model.bcfg.boundaries} has no rate knob to calibrate (a "
@@ -208,6 +211,7 @@ def cmd_calibrate(argv: list[str]) -> int:
     model.boundary.calibration = None  # fit from the model's own logits
     table = calibrate(model, seqs, a.rates or default_rates(model), bm, max_bytes=a.max_bytes,
                       source=f"{desc}, first {a.max_bytes:,} bytes", log=lambda s: print(s, file=sys.stderr))
+    table.info["checkpoint"] = loaded.checkpoint.name if loaded.checkpoint else None
     if a.out:  # a calibrated copy: the model and its table
         save_pretrained(model, a.out, seq_len=loaded.seq_len, source_dir=loaded.run_dir or loaded.path)
     path = table.save(Path(a.out) if a.out else (loaded.run_dir or loaded.path))

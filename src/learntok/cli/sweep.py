@@ -31,6 +31,7 @@ from typing import Annotated, Literal
 import tyro
 
 from learntok.cli import UsageError, parse
+from learntok.errors import TrainingError
 
 RECORDS = "sweep.jsonl"
 CONVENTION_KEYS = {"6n": "flops", "6n-padded": "flops_padded", "total": "flops_total"}
@@ -101,7 +102,17 @@ def _finished(run: Path, budget: float, key: str) -> dict | None:
     return evals[-1]
 
 
-def record(run: Path, cell: dict, seed: int, command: list[str], wall: float, final: dict) -> dict:
+def _same_cell(run: Path, argv: list[str]) -> None:
+    """Keep each cell's command in RUN.cell.json beside its run directory; a cell started with other flags (the
+    train flags or the budget changed between invocations) is an error instead of a silent mix."""
+    path = run.with_name(run.name + ".cell.json")
+    if path.exists() and json.loads(path.read_text()) != argv:
+        raise UsageError(f"{run} was started with other flags ({' '.join(json.loads(path.read_text()))}); give the "
+                         "sweep the flags it began with, another OUT, or remove that cell's directory")
+    path.write_text(json.dumps(argv) + "\n")
+
+
+def record(run: Path, cell: dict, seed: int, command: list[str], wall: float | None, final: dict) -> dict:
     from learntok import records
     from learntok.config import from_dict
     from learntok.model import build_model
@@ -215,8 +226,9 @@ def cmd_sweep(argv: list[str]) -> int:
                 continue
             run = out / cell_name(cell, seed)
             argv_cell = ["train", *cell_argv(train_flags, cell, seed, run, a)]
+            _same_cell(run, argv_cell)
             final = _finished(run, a.flops_budget, key)
-            t0 = time.time()
+            t0, trained = time.time(), final is None
             if final is None:
                 resume = (run / "latest").exists()
                 child = ["train", "--resume", str(run), "--progress-style", "lines"] if resume else \
@@ -227,9 +239,9 @@ def cmd_sweep(argv: list[str]) -> int:
                                           stderr=subprocess.STDOUT).returncode
                 final = _finished(run, a.flops_budget, key)
                 if code != 0 or final is None:
-                    raise RuntimeError(f"cell {cell_name(cell, seed)} stopped before its budget (exit {code}); see "
-                                       f"{out / (cell_name(cell, seed) + '.log')}; run the sweep again to resume it")
-            rec = record(run, cell, seed, argv_cell, time.time() - t0, final)
+                    raise TrainingError(f"cell {cell_name(cell, seed)} stopped before its budget (exit {code}); see "
+                                        f"{out / (cell_name(cell, seed) + '.log')}; run the sweep again to resume it")
+            rec = record(run, cell, seed, argv_cell, time.time() - t0 if trained else None, final)
             records.append(path, rec)
             write_reports(out, records.load(path))
             print(f"cell {cell_name(cell, seed)}: val BPB {rec['val_bpb']:.4f}, rate {rec['val_rate']:.3f}, "

@@ -84,8 +84,11 @@ def check_mode(model, bm: BoundaryMode) -> str:
 def evaluating(model, bm: BoundaryMode):
     """model.eval(); for greedy, the strategy's `cfg.eval_boundaries` is "greedy" meanwhile (strategies without
     that option are deterministic or refuse greedy in `check_mode`). Restores both."""
+    from learntok.boundaries.rates import warn_mismatch
+
     strategy = model.boundary
     old = strategy.cfg
+    warn_mismatch(model, greedy=bm.mode == "greedy" or getattr(old, "eval_boundaries", "") == "greedy")
     swap = bm.mode == "greedy" and hasattr(old, "eval_boundaries")
     was_training = model.training
     if swap:

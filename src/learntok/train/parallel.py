@@ -238,6 +238,9 @@ def full_state(model: torch.nn.Module, wrapped: torch.nn.Module, opt: torch.opti
 
 def load_optimizer_state(wrapped: torch.nn.Module, opt: torch.optim.Optimizer, state: dict, sharded: bool) -> None:
     """Load a full optimizer state dict (into the local shards under FSDP2)."""
+    if "joint" in state and not hasattr(opt, "parts"):
+        raise ValueError("the run trained its hashed embedding tables with sparse gradients (one eager process); "
+                         "resume it the same way (without --compile or torchrun)")
     if sharded:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 

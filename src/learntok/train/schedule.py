@@ -47,6 +47,9 @@ def check_config(cfg: TrainConfig) -> None:
     if cfg.batch_size < 1 or mb < 1 or cfg.batch_size % mb:
         problems.append(f"batch_size={cfg.batch_size} must be a positive multiple of micro_batch_size={mb}")
     strata = getattr(cfg.boundary, "rate_strata", 1)
+    if getattr(cfg.boundary, "rate_range", None) is not None and cfg.batch_stats == "lagged":
+        problems.append("--batch-stats lagged cannot serve --rate-range: the previous step's rates answer other "
+                        "targets than this step draws (use the pre-pass)")
     if getattr(cfg.boundary, "rate_range", None) is not None:
         k = getattr(cfg.boundary, "policy_samples", 1)
         if cfg.batch_size % strata or (cfg.batch_size // strata) % k or cfg.batch_size // strata < 2:
