@@ -48,6 +48,13 @@ ARMS: dict[str, list[str]] = {
     "variable-ctl": [*POLICY, "--target-rate", "0.2", "--rate-range", *map(str, RANGE), "--rate-controller"],
     # no rate embedding: only the bias moves with the target (the policy's content term is shared by all rates)
     "variable-nofilm": [*POLICY, "--target-rate", "0.2", "--rate-range", *map(str, RANGE), "--no-rate-film"],
+    # hashed embeddings at the dedicated 0.2 policy's budget (issue 30's levers, paired with fixed-0.2 by seed): byte
+    # n-grams 3-8 (16384 rows each), the chunk embedding (16384 rows), and byte n-grams for fixed patches (the
+    # control: does the lever help learned boundaries more than patches?)
+    "fixed-0.2-ngrams": [*POLICY, "--target-rate", "0.2", "--ngram-sizes", "3", "4", "5", "6", "7", "8"],
+    "fixed-0.2-chunks": [*POLICY, "--target-rate", "0.2", "--chunk-table", "16384"],
+    "uniform-0.2-ngrams": ["--boundaries", "uniform", "--target-rate", "0.2", "--ngram-sizes", "3", "4", "5", "6",
+                           "7", "8"],
     # the control for the machinery: a variable-rate model whose range is almost one rate (0.19-0.21) should
     # match fixed-0.2 if the conditioning itself costs nothing; what it loses, the range costs
     "variable-narrow": [*POLICY, "--target-rate", "0.2", "--rate-range", "0.19", "0.21"],
@@ -388,6 +395,8 @@ def summary(path: Path = RECORDS) -> str | None:
 
     def ci(other: dict, k: str) -> str:
         d = [var[s]["at"][k]["test"]["bpb"] - other[s]["at"][k]["test"]["bpb"] for s in sorted(var) if s in other]
+        if len(d) < 2:
+            return "—"
         p = paired_interval(d)
         return f"{p['mean']:+.3f} [{p['lo']:+.3f}, {p['hi']:+.3f}]"
 
@@ -400,6 +409,34 @@ def summary(path: Path = RECORDS) -> str | None:
             f"rates {lo:g}–{hi:.2f} at the FLOPs of one dedicated model and calibrated, it realises every asked rate "
             f"within {max(gaps):.3f} on test text; its test BPB − the dedicated model's at 0.1 / 0.2 / 0.33: {ded}; "
             f"− the 0.2 model shifted to 0.1 / 0.33: {shift} ({len(var)} seeds, 95 % CI).")
+
+
+LEVERS = (("fixed-0.2-ngrams", "fixed-0.2"), ("fixed-0.2-chunks", "fixed-0.2"), ("uniform-0.2-ngrams", "uniform-0.2"))
+"""(arm with a hashed embedding, its baseline): the same flags without it, paired by seed."""
+
+
+def levers_table(path: Path = RECORDS) -> str:
+    """Hashed embeddings at rate 0.2: each arm's test BPB at its own rate (the learned arms calibrated to 0.2) and
+    the paired difference from the same arm without the embedding."""
+    from learntok.evaluation.stats import paired_interval
+
+    rows = _rows(path)
+    lines = ["| arm | seeds | test BPB at 0.2 | − the same without it (paired, 95 % CI) | MB | train s |",
+             "|---|---|---|---|---|---|"]
+    for arm, base in LEVERS:
+        a, b = _by(rows, arm), _by(rows, base)
+        if not a:
+            continue
+        d = [a[s]["at"]["0.2"]["test"]["bpb"] - b[s]["at"]["0.2"]["test"]["bpb"] for s in sorted(a) if s in b]
+        if len(d) >= 2:
+            p = paired_interval(d)
+            diff = f"{p['mean']:+.4f} [{p['lo']:+.4f}, {p['hi']:+.4f}]" + (" tie" if p["tie"] else "")
+        else:
+            diff = "—" if not d else f"{d[0]:+.4f} (1 seed)"
+        lines.append(f"| `{arm}` | {len(a)} | {_cell([x['at']['0.2']['test']['bpb'] for x in a.values()])} | {diff} | "
+                     f"{statistics.mean(x['bytes'] for x in a.values()) / 1e6:.2f} | "
+                     f"{statistics.mean(x['train_seconds'] for x in a.values()):.0f} |")
+    return "\n".join(lines) + "\n"
 
 
 def calibration_table(path: Path = RECORDS) -> str:
