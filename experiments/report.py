@@ -313,12 +313,13 @@ def rates(which: str) -> callable:
     def block() -> str:
         script = _script("rates")
         return {"table": script.table, "calibration": script.calibration_table, "screen": script.screen_table,
-                "planted": script.planted_table, "levers": script.levers_table}[which]()
+                "planted": script.planted_table, "levers": script.levers_table,
+                "swap": script.swap_table}[which]()
     return block
 
 
 BLOCKS = {"rates": rates("table"), "rates-calibration": rates("calibration"), "rates-screen": rates("screen"),
-          "rates-planted": rates("planted"), "rates-levers": rates("levers"),
+          "rates-planted": rates("planted"), "rates-levers": rates("levers"), "rates-swap": rates("swap"),
           "segment-speed": segment_speed, "segment-stats": segment_stats, "robustness": robustness_table,
           "default-run": default_run, "headline": headline, "rate-control": rate_control,
           "matched-time": matched_time, "gpu-path": gpu_path, "variance": variance,

@@ -313,6 +313,108 @@ def planted_table(path: Path = PLANTED_RECORDS) -> str:
     return "\n".join(lines) + "\n"
 
 
+SWAP_RECORDS = Path(__file__).resolve().parent / "records-swap.jsonl"
+
+
+def _score_with(model, seqs, masks: list | None, max_bytes: int):
+    """(BPB, boundaries per position) of `model` on the first max_bytes of `seqs`: with its own boundaries (drawn
+    the evaluation way, masks None; they are returned) or with the given ones."""
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    from learntok.bpb import LN2, byte_targets
+    from learntok.evaluation.bpb import BoundaryMode, evaluating, text_noise
+
+    bm = BoundaryMode()
+    n = min(len(seqs), max(1, max_bytes // seqs.seq_len))
+    nats = bytes_ = bound = pos = 0.0
+    drawn = []
+    with evaluating(model, bm), torch.no_grad():
+        for k, start in enumerate(range(0, n, 16)):
+            idx = np.arange(start, min(start + 16, n))
+            batch = torch.from_numpy(seqs.batch(idx))
+            ids, targets = batch[:, :-1], batch[:, 1:]
+            noise = torch.from_numpy(np.stack([text_noise(bm, int(i), 0, ids.shape[1]) for i in idx]))
+            out = model(ids, noise=noise, boundaries=None if masks is None else masks[k])
+            nll = F.cross_entropy(out.logits.flatten(0, 1), targets.flatten(), ignore_index=-100,
+                                  reduction="none").view_as(targets)
+            byte = byte_targets(targets)
+            nats += float(torch.where(byte, nll, 0.0).sum())
+            bytes_ += float(byte.sum())
+            bound += float(out.boundaries.mask.sum())
+            pos += out.boundaries.mask.numel()
+            drawn.append(out.boundaries.mask)
+    return nats / LN2 / bytes_, bound / pos, drawn
+
+
+def cmd_swap(args) -> None:
+    """Whose boundaries, whose language model: at each dedicated rate, the variable-rate model and the dedicated
+    model each scored with its own boundaries and with the other's (both calibrated to the rate), on the first
+    256 KB of test. One record per seed in records-swap.jsonl."""
+    import torch
+
+    from learntok import records
+    from learntok.checkpoint import load_run
+    from learntok.data import ByteSequences, load_split
+    from learntok.evaluation.rates import asking
+
+    torch.set_num_threads(1)
+    out, path = Path(args.out), Path(args.results)
+    done = {r["seed"] for r in records.load(path)}
+    for seed in args.seeds:
+        runs = {a: run_dir(out, a, seed) for a in (CHOSEN, *(f"fixed-{r:g}" for r in RATES))}
+        if seed in done or not all((r / "final.json").exists() and (r / "rate_calibration.json").exists()
+                                   for r in runs.values()):
+            continue
+        models = {a: load_run(r)[1] for a, r in runs.items()}
+        cfg = load_run(runs[CHOSEN])[0]
+        seqs = ByteSequences(load_split(cfg.data, "test")[1], cfg.data.seq_len, cfg.data.pack)
+        at = {}
+        for r in RATES:
+            var, ded = models[CHOSEN], models[f"fixed-{r:g}"]
+            with asking(var, r), asking(ded, r):
+                v_own, v_rate, v_masks = _score_with(var, seqs, None, EVAL_BYTES)
+                d_own, d_rate, d_masks = _score_with(ded, seqs, None, EVAL_BYTES)
+                v_with_d = _score_with(var, seqs, d_masks, EVAL_BYTES)[0]
+                d_with_v = _score_with(ded, seqs, v_masks, EVAL_BYTES)[0]
+            at[f"{r:g}"] = {"variable_own": v_own, "variable_with_dedicated": v_with_d, "dedicated_own": d_own,
+                            "dedicated_with_variable": d_with_v, "variable_rate": v_rate, "dedicated_rate": d_rate}
+            print(f"seed {seed} rate {r:g}: variable {v_own:.4f} (with the dedicated's boundaries {v_with_d:.4f}), "
+                  f"dedicated {d_own:.4f} (with the variable's {d_with_v:.4f})", flush=True)
+        records.append(path, records.make(f"{STUDY}-swap", CHOSEN, seed, command=f"python experiments/rates/run.py "
+                                          f"swap --seeds {seed}", runs={a: str(r) for a, r in runs.items()}, at=at))
+
+
+def swap_table(path: Path = SWAP_RECORDS) -> str:
+    """Mean over seeds of each (language model, boundaries) pairing, and the paired differences that split the
+    variable model's deficit into its boundaries' part and its language model's."""
+    from learntok.evaluation.stats import paired_interval
+
+    rows = _rows(path)
+    if not rows:
+        return "(no records yet)\n"
+    lines = ["| rate | variable LM, own boundaries | variable LM, dedicated's boundaries | dedicated LM, own "
+             "boundaries | dedicated LM, variable's boundaries | boundaries' part: variable LM, own − dedicated's | "
+             "language model's part: variable − dedicated LM, dedicated's boundaries |",
+             "|---|---|---|---|---|---|---|"]
+
+    def ci(d: list[float]) -> str:
+        if len(d) < 2:
+            return f"{d[0]:+.4f} (1 seed)" if d else "—"
+        p = paired_interval(d)
+        return f"{p['mean']:+.4f} [{p['lo']:+.4f}, {p['hi']:+.4f}]" + (" tie" if p["tie"] else "")
+
+    for k in rows[0]["at"]:
+        v = {m: [x["at"][k][m] for x in rows] for m in rows[0]["at"][k]}
+        lines.append(f"| {k} | {_cell(v['variable_own'])} | {_cell(v['variable_with_dedicated'])} | "
+                     f"{_cell(v['dedicated_own'])} | {_cell(v['dedicated_with_variable'])} | "
+                     f"{ci([a - b for a, b in zip(v['variable_own'], v['variable_with_dedicated'])])} | "
+                     f"{ci([a - b for a, b in zip(v['variable_with_dedicated'], v['dedicated_own'])])} |")
+    return f"Test BPB (first 256 KB), mean ± s.e. over {len(rows)} seeds; both models calibrated to the rate.\n\n" + \
+        "\n".join(lines) + "\n"
+
+
 CHOSEN = "variable"
 """The variable-rate arm the comparison reports (chosen on validation at seed 0 among the screened variants)."""
 SCREEN = ("variable", "variable-tokens", "variable-s2", "variable-ctl", "variable-nofilm", "variable-narrow")
@@ -538,6 +640,11 @@ def main() -> None:
     pl.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     pl.add_argument("--results", default=str(PLANTED_RECORDS))
     pl.set_defaults(func=cmd_planted)
+    sw = sub.add_parser("swap", help="each model scored with its own and with the other's boundaries")
+    sw.add_argument("--out", default="runs/rates")
+    sw.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    sw.add_argument("--results", default=str(SWAP_RECORDS))
+    sw.set_defaults(func=cmd_swap)
     r = sub.add_parser("report", help="print the tables (experiments/report.py writes them into the docs)")
     r.add_argument("--plot", action="store_true", help="also draw docs/images/rates.png")
     r.set_defaults(func=cmd_report)
