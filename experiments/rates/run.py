@@ -454,33 +454,39 @@ def _diff(a: dict[int, dict], b: dict[int, dict], key_a: str, key_b: str, split:
 
 
 def table(path: Path = RECORDS) -> str:
-    """Per dedicated rate: the dedicated learned model, the variable-rate model asked that rate, the 0.2 model
-    shifted to it, fixed patches; test BPB (first 256 KB) and realised rate; then the paired differences."""
+    """Per dedicated rate: the dedicated learned model, the variable-rate model asked that rate, the other dedicated
+    models shifted to it (the cheap alternative), fixed patches; test BPB (first 256 KB) and realised rate; then
+    the paired differences."""
     rows = _rows(path)
-    var, shifted = _by(rows, CHOSEN), _by(rows, SHIFTED)
+    var = _by(rows, CHOSEN)
+    fixed = {r: _by(rows, f"fixed-{r:g}") for r in RATES}
     lines = ["| rate | model | seeds | test BPB | val BPB | realised rate (test) |", "|---|---|---|---|---|---|"]
-    diffs = ["| rate | variable − dedicated | variable − 0.2 model shifted | variable − fixed patches | "
-             "dedicated − fixed patches |", "|---|---|---|---|---|"]
+    heads = ["variable − dedicated", *(f"variable − the {r:g} model shifted" for r in RATES),
+             "variable − fixed patches", "dedicated − fixed patches"]
+    diffs = ["| rate | " + " | ".join(heads) + " |", "|---|" + "---|" * len(heads)]
     for r in RATES:
         k = f"{r:g}"
-        ded, uni = _by(rows, f"fixed-{k}"), _by(rows, f"uniform-{k}")
-        for label, by in ((f"dedicated (`fixed-{k}`)", ded), (f"variable (`{CHOSEN}`) asked {k}", var),
-                          (f"`{SHIFTED}` shifted to {k}", shifted if k != "0.2" else {}),
-                          (f"fixed patches (`uniform-{k}`)", uni)):
+        ded, uni = fixed[r], _by(rows, f"uniform-{k}")
+        entries = [(f"dedicated (`fixed-{k}`)", ded), (f"variable (`{CHOSEN}`) asked {k}", var),
+                   *((f"`fixed-{q:g}` shifted to {k}", fixed[q]) for q in RATES if q != r),
+                   (f"fixed patches (`uniform-{k}`)", uni)]
+        for label, by in entries:
             if not by:
                 continue
             lines.append(f"| {k} | {label} | {len(by)} | {_cell([x['at'][k]['test']['bpb'] for x in by.values()])} | "
                          f"{_cell([x['at'][k]['val']['bpb'] for x in by.values()])} | "
                          f"{_cell([x['at'][k]['test']['rate'] for x in by.values()], 3)} |")
-        diffs.append(f"| {k} | {_diff(var, ded, k, k, margin=TOLERANCE)} | "
-                     f"{_diff(var, shifted, k, k) if k != '0.2' else '(its own rate)'} | {_diff(var, uni, k, k)} | "
-                     f"{_diff(ded, uni, k, k)} |")
-    flops = {a: [x["flops"] for x in _by(rows, a).values()] for a in (CHOSEN, "fixed-0.2")}
+        cells = [_diff(var, ded, k, k, margin=TOLERANCE),
+                 *("(its own rate)" if q == r else _diff(var, fixed[q], k, k) for q in RATES),
+                 _diff(var, uni, k, k), _diff(ded, uni, k, k)]
+        diffs.append(f"| {k} | " + " | ".join(cells) + " |")
+    flops = {a: [x["flops"] for x in _by(rows, a).values()] for a in (CHOSEN, *(f"fixed-{r:g}" for r in RATES))}
     note = ""
     if all(flops.values()):
-        note = (f"\nTraining FLOPs (6N): `{CHOSEN}` {statistics.mean(flops[CHOSEN]):.3g}, `fixed-0.2` "
-                f"{statistics.mean(flops['fixed-0.2']):.3g} (the budget: {budget():.3g}, the 6N FLOPs of "
-                f"{BUDGET_BYTES:g} bytes of `uniform` at 0.2).\n")
+        mb = {a: statistics.mean(x["bytes"] for x in _by(rows, a).values()) / 1e6 for a in flops}
+        note = ("\nTraining FLOPs (6N): " + ", ".join(f"`{a}` {statistics.mean(f):.3g}" for a, f in flops.items())
+                + f" (the budget: {budget():.3g}, the 6N FLOPs of {BUDGET_BYTES:g} bytes of `uniform` at 0.2); "
+                "bytes trained: " + ", ".join(f"`{a}` {v:.2f} MB" for a, v in mb.items()) + ".\n")
     head = ("Paired test-BPB differences (same seed; 95 % t-interval; negative: the first named is better; "
             f"\"within {TOLERANCE:g}\": the interval's upper end is below +{TOLERANCE:g}):")
     return "\n".join(lines) + "\n\n" + head + "\n\n" + "\n".join(diffs) + "\n" + note
