@@ -93,6 +93,8 @@ def test_export_carries_the_calibration_and_training_removes_a_stale_one(variabl
     assert _run(capsys, "export", str(variable), str(tmp_path / "model"))[0] == 0
     model = from_pretrained(tmp_path / "model")
     assert model.boundary.calibration.rates == (0.15, 0.3)
+    card = (tmp_path / "model" / "README.md").read_text()
+    assert "trained for any rate in | 0.1 to 0.4" in card and "rate calibration | 2 asked rates" in card
     code, _, err = _run(capsys, "train", "--resume", str(variable), "--max-steps", "4", "--no-progress")
     assert code == 0, err
     assert not (variable / "rate_calibration.json").exists()

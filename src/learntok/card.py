@@ -78,6 +78,16 @@ def model_card(model, seq_len: int, run_dir: str | Path | None = None, image: st
              f"| boundary strategy | `{bc.boundaries}` |"]
     if hasattr(bc, "target_rate"):
         lines.append(f"| target boundary rate | {bc.target_rate:.3f} |")
+    if getattr(bc, "rate_range", None):
+        lines.append(f"| trained for any rate in | {bc.rate_range[0]:g} to {bc.rate_range[1]:g} (ask with `--rate R`, "
+                     "`model.set_rate(R)`) |")
+    cal = getattr(model.boundary, "calibration", None)
+    if cal is not None:
+        lines.append(f"| rate calibration | {len(cal.rates)} asked rates from {cal.rates[0]:.3g} to "
+                     f"{cal.rates[-1]:.3g} (`rate_calibration.json`) |")
+    if mc.ngram_sizes or mc.chunk_table:
+        lines.append(f"| hashed embeddings | n-grams {' '.join(map(str, mc.ngram_sizes)) or 'none'}, chunk table "
+                     f"{mc.chunk_table or 'none'} |")
     cfg, ev, report = facts["config"], facts["eval"], facts["report"]
     lines += ["", "## Training data", ""]
     if cfg:
