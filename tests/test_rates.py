@@ -15,7 +15,7 @@ from learntok.boundaries.reinforce import BatchStatistics
 
 from .conftest import build_model
 from .test_generate import assert_cached_steps_equal_full_forward
-from .test_model import _ids
+from .test_model import _ids, assert_no_lookahead
 
 T, D = 3, 4  # bytes per row (a_0 forced: 2 free decisions, 4 patterns), width
 RATES = torch.tensor([0.15, 0.15, 0.35, 0.35])
@@ -157,14 +157,7 @@ def test_no_lookahead_at_every_rate(kind, rate, tmp_path):
         for e in m.boundary._embeddings():
             e.out.weight.normal_(0, 0.3)  # trained-like embeddings, so the rate reaches everything it can
     m.set_rate(rate)
-    B, L, j = 3, 48, 21
-    seq, seq2 = _ids(B, L, 1), _ids(B, L, 1)
-    seq2[:, j:] = _ids(B, L, 2)[:, j:]
-    noise = torch.rand(B, L, generator=torch.Generator().manual_seed(3))
-    o1, o2 = m(seq[:, :-1], seq[:, 1:], noise=noise), m(seq2[:, :-1], seq2[:, 1:], noise=noise)
-    torch.testing.assert_close(o1.logits[:, :j], o2.logits[:, :j], rtol=0, atol=1e-5)
-    assert torch.equal(o1.boundaries.mask[:, :j], o2.boundaries.mask[:, :j])
-    assert not torch.allclose(o1.logits[:, j:], o2.logits[:, j:])
+    assert_no_lookahead(m, 21)
 
 
 @pytest.mark.parametrize("rate", [0.1, 0.35])
