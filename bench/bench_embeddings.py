@@ -8,6 +8,7 @@ ratio to the plain model, pair by pair.
 
     python bench/bench_embeddings.py                   # about 2 minutes on 2 cores
     python bench/bench_embeddings.py --rounds 3 --table 65536
+    python bench/bench_embeddings.py --record bench/records-embeddings.jsonl   # the figures bench/README.md shows
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import argparse
 import statistics
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 
@@ -60,6 +62,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--steps", type=int, default=3, help="timed steps per round and variant")
     ap.add_argument("--table", type=int, default=16384, help="rows per hashed table")
+    ap.add_argument("--record", type=Path, default=None, help="append the result as a record (learntok.records)")
     args = ap.parse_args()
     runners = {name: Runner(**kw) for name, kw in variants(args.table).items()}
     for r in runners.values():
@@ -73,10 +76,19 @@ def main() -> None:
             times[name].append((time.perf_counter() - t0) / args.steps)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {B} x {T} bytes per step, tables of "
           f"{args.table} rows; median over {args.rounds} rounds of {args.steps} steps")
-    print(f"{'variant':22s} {'parameters':>11s} {'s / step':>9s} {'vs plain':>9s}")
+    print(f"{'variant':24s} {'parameters':>11s} {'s / step':>9s} {'vs plain':>9s}")
+    result = {}
     for name in runners:
         ratio = statistics.median(a / b for a, b in zip(times[name], times["plain"]))
-        print(f"{name:22s} {runners[name].params:11,d} {statistics.median(times[name]):9.4f} {ratio:9.3f}")
+        result[name] = {"params": runners[name].params, "seconds": statistics.median(times[name]), "ratio": ratio}
+        print(f"{name:24s} {runners[name].params:11,d} {statistics.median(times[name]):9.4f} {ratio:9.3f}")
+    if args.record:
+        from learntok import records
+
+        records.append(args.record, records.make(
+            "embeddings-speed", "small", 0, command="python bench/bench_embeddings.py " + " ".join(
+                f"--{k} {v}" for k, v in (("rounds", args.rounds), ("steps", args.steps), ("table", args.table))),
+            threads=torch.get_num_threads(), batch=[B, T], table=args.table, variants=result))
 
 
 if __name__ == "__main__":

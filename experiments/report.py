@@ -283,6 +283,18 @@ def segment_speed() -> str:
     return "\n".join(lines) + "\n"
 
 
+def embeddings_speed() -> str:
+    """bench/bench_embeddings.py's records: a training step with hashed embeddings against the plain model."""
+    lines = ["| variant | parameters | s / step | × plain (median of pairs) | threads | table rows | code | machine |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in records.load(ROOT / "bench" / "records-embeddings.jsonl"):
+        for name, v in r["variants"].items():
+            lines.append(f"| {name} | {v['params']:,} | {v['seconds']:.3f} | {v['ratio']:.3f} | {r['threads']} | "
+                         f"{r['table']:,} | `{(r['provenance'].get('git_sha') or '?')[:9]}` | "
+                         f"{r['provenance'].get('cpu', '?')} |")
+    return "\n".join(lines) + "\n"
+
+
 def segment_stats() -> str:
     """The bundled model's segmentation statistics by domain (experiments/bundled, arm enwiki-small-stats)."""
     (rec,) = [r for r in records.load(HERE / "bundled" / "records.jsonl") if r["arm"] == "enwiki-small-stats"]
@@ -320,6 +332,7 @@ def rates(which: str) -> callable:
 
 BLOCKS = {"rates": rates("table"), "rates-calibration": rates("calibration"), "rates-screen": rates("screen"),
           "rates-planted": rates("planted"), "rates-levers": rates("levers"), "rates-swap": rates("swap"),
+          "embeddings-speed": embeddings_speed,
           "segment-speed": segment_speed, "segment-stats": segment_stats, "robustness": robustness_table,
           "default-run": default_run, "headline": headline, "rate-control": rate_control,
           "matched-time": matched_time, "gpu-path": gpu_path, "variance": variance,
