@@ -142,6 +142,13 @@ def test_agreement_at_a_shift_reveals_boundaries_one_byte_off():
     a = stats.result()["agreement"]["ref"]
     assert a["f1"] == 0.0 and a["f1_by_shift"]["1"] == 1.0 and a["best_shift"] == 1
     assert a["f1_by_shift"]["-1"] == 0.0
+    assert (a["at_best_shift"]["precision"], a["at_best_shift"]["recall"]) == (1.0, 1.0)
+    sparse = early.clone()
+    sparse[:, 10::12] = False  # every other boundary dropped: still all at word ends, half of them
+    stats = BoundaryStats()
+    stats.add(ids, BoundaryOutput(mask=sparse, probs=sparse.float()), {"ref": ref})
+    a = stats.result()["agreement"]["ref"]
+    assert a["best_shift"] == 1 and a["at_best_shift"]["precision"] == 1.0 and a["at_best_shift"]["recall"] == 0.5
     stats = BoundaryStats()  # the reference itself: best at 0
     stats.add(ids, BoundaryOutput(mask=ref, probs=ref.float()), {"ref": ref})
     assert stats.result()["agreement"]["ref"]["best_shift"] == 0

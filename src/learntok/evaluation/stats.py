@@ -135,8 +135,10 @@ class BoundaryStats:
             for k, hit in self.shift_hits.get(name, {}).items():
                 shifted[k] = 2 * hit / (n_pred + n_ref) if n_pred + n_ref else float("nan")
             best = max(sorted(shifted), key=lambda k: (shifted[k], -abs(k)))
+            hits = tp if best == 0 else self.shift_hits[name][best]  # matches at the model's own alignment
             agree[name] = {**prf(tp, fp, fn), "reference_rate": q, "f1_chance": chance,
-                           "f1_by_shift": {str(k): shifted[k] for k in sorted(shifted)}, "best_shift": best}
+                           "f1_by_shift": {str(k): shifted[k] for k in sorted(shifted)}, "best_shift": best,
+                           "at_best_shift": prf(hits, n_pred - hits, n_ref - hits)}
         return {
             "rate": rate,
             "positions": self.n_pos,
