@@ -195,3 +195,71 @@ def test_compare_writes_tables_and_marks_the_best(runs, task_dir, tmp_path, caps
     assert "--limit" in md  # partial evaluations are flagged
     with pytest.raises(FileNotFoundError, match="run `learntok eval` first"):
         compare([tmp_path / "cmp"], tmp_path / "x")
+
+
+def test_skip_bytes_scores_later_text_exactly_as_a_full_pass_scores_it(runs, capsys):
+    """--skip-bytes leaves out the first sequences without changing how the rest are scored (the boundary noise
+    is keyed on a sequence's index in the split): the bits of sequences 2-3 scored after skipping two equal
+    those of sequences 0-3 minus those of 0-1. Per-document bits add up to the whole."""
+    from learntok.checkpoint import load_run
+    from learntok.data import ByteSequences, load_split
+    from learntok.evaluation.bpb import BoundaryMode, heldout_bpb
+
+    cfg, model = load_run(runs["learned"])
+    L = cfg.data.seq_len
+    seqs = ByteSequences(load_split(cfg.data, "val")[1], L)
+
+    def bits(**kw):
+        r = heldout_bpb(model, seqs, BoundaryMode(), per_document=True, **kw)
+        docs = r["per_document"]
+        assert sum(docs["bytes"]) == r["bytes"] and docs["documents"] == sorted(docs["documents"])
+        assert sum(docs["bits"]) == pytest.approx(r["bpb"] * r["bytes"], rel=1e-6)  # float32 sums
+        return r["bpb"] * r["bytes"], r
+
+    whole, _ = bits(max_bytes=4 * L)
+    head, _ = bits(max_bytes=2 * L)
+    tail, r = bits(max_bytes=2 * L, skip_bytes=2 * L - 5)  # rounded up to whole sequences: two
+    assert r["first_sequence"] == 2 and r["sequences"] == 2
+    assert tail == pytest.approx(whole - head, rel=1e-6)
+    with pytest.raises(ValueError, match="leaves no sequence"):
+        heldout_bpb(model, seqs, BoundaryMode(), skip_bytes=len(seqs) * L)
+    with pytest.raises(ValueError, match="one boundary draw"):
+        heldout_bpb(model, seqs, BoundaryMode("average", 2), per_document=True)
+    from learntok.cli import main
+
+    for args, msg in ((["--skip-bytes", str(10**9)], "leaves no sequence"),
+                      (["--per-document", "--boundaries-mode", "average"], "needs one boundary draw")):
+        assert main(["eval", str(runs["learned"]), "--tasks", "none", "--no-progress", *args]) == 2
+        err = capsys.readouterr().err
+        assert msg in err and "Traceback" not in err
+
+
+def test_compare_paired_bootstraps_the_difference_over_documents(runs, tmp_path, capsys):
+    """`eval --per-document` on the same text, then `compare --paired A B`: the difference of the two held-out
+    BPBs, an interval around it, paired.json; runs scored on different bytes or without per-document scores
+    are refused with a message."""
+    from learntok.cli import main
+
+    base = ["--tasks", "none", "--no-progress", "--per-document", "--split", "test"]  # all of it: two documents
+    paths = {}
+    for name, run in runs.items():
+        paths[name] = tmp_path / f"{name}.json"
+        assert cmd_eval([str(run), *base, "--out", str(paths[name])]) == 0
+    capsys.readouterr()
+    assert cmd_compare([str(paths["learned"]), str(paths["whitespace"]), "--paired", "--out", str(tmp_path)]) == 0
+    line = capsys.readouterr().out.splitlines()[0]
+    p = json.loads((tmp_path / "paired.json").read_text())
+    a, b = (read_eval(paths[n])["heldout"] for n in ("learned", "whitespace"))
+    assert p["mean"] == pytest.approx(a["bpb"] - b["bpb"], abs=1e-6) and p["lo"] <= p["mean"] <= p["hi"]
+    assert p["units"] == len(a["per_document"]["documents"]) >= 2 and "paired bootstrap over" in line
+    # Different bytes, no per-document scores, or not two runs: exit 2 with one line.
+    assert cmd_eval([str(runs["whitespace"]), *base, "--skip-bytes", "64", "--out", str(tmp_path / "s.json")]) == 0
+    assert cmd_eval([str(runs["whitespace"]), "--tasks", "none", "--max-bytes", "384", "--no-progress",
+                     "--split", "test", "--out", str(tmp_path / "n.json")]) == 0
+    capsys.readouterr()
+    for args, msg in (([paths["learned"], tmp_path / "s.json"], "scored different held-out bytes"),
+                      ([paths["learned"], tmp_path / "n.json"], "no per-document scores"),
+                      ([paths["learned"]], "exactly two runs")):
+        assert main(["compare", *map(str, args), "--paired", "--out", str(tmp_path)]) == 2
+        err = capsys.readouterr().err
+        assert msg in err and "Traceback" not in err

@@ -152,3 +152,26 @@ def test_agreement_at_a_shift_reveals_boundaries_one_byte_off():
     stats = BoundaryStats()  # the reference itself: best at 0
     stats.add(ids, BoundaryOutput(mask=ref, probs=ref.float()), {"ref": ref})
     assert stats.result()["agreement"]["ref"]["best_shift"] == 0
+
+
+def test_paired_bootstrap_reads_what_two_models_share_as_shared():
+    """Identical scores: a zero difference with a zero-width interval. B = A + 0.1 bits per byte on every
+    document: every resample's difference is exactly 0.1, however hard the documents are (what both share
+    cancels). A difference on one document of many: the interval covers the true difference and 0 is a tie.
+    Units of unequal count are refused."""
+    from learntok.evaluation.stats import paired_bootstrap
+
+    rng = np.random.default_rng(0)
+    n_bytes = rng.integers(100, 2000, 50)
+    bits = n_bytes * rng.uniform(1.0, 3.0, 50)  # documents of very different difficulty
+    same = paired_bootstrap(bits, bits, n_bytes, resamples=500)
+    assert (same["mean"], same["lo"], same["hi"], same["tie"]) == (0.0, 0.0, 0.0, True)
+    worse = paired_bootstrap(bits + 0.1 * n_bytes, bits, n_bytes, resamples=500)
+    assert worse["mean"] == pytest.approx(0.1) and worse["lo"] == pytest.approx(0.1) and not worse["tie"]
+    one = bits.copy()
+    one[0] += 50.0
+    r = paired_bootstrap(one, bits, n_bytes, resamples=2000)
+    assert r["lo"] <= 0.0 <= r["hi"] and r["lo"] <= r["mean"] <= r["hi"] and r["tie"]
+    assert r["mean"] == pytest.approx(50.0 / n_bytes.sum())
+    with pytest.raises(ValueError, match="same >= 2 units"):
+        paired_bootstrap(bits, bits[:-1], n_bytes)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,6 +67,11 @@ class EvalArgs:
     """Rows per forward pass."""
     max_bytes: int = 0
     """Held-out bytes to evaluate (0 = the whole split)."""
+    skip_bytes: int = 0
+    """Leave out the split's first N bytes (rounded up to whole sequences): score text no earlier screen read."""
+    per_document: bool = False
+    """Also store each document's held-out bits and bytes in eval.json, for `learntok compare --paired` (one
+    boundary draw only)."""
     bpe_tokenizer: str | None = None
     """tokenizer.json of a byte-level BPE: also compare boundaries with its token starts."""
     out: str | None = None
@@ -78,7 +84,7 @@ class EvalArgs:
     """Progress bars."""
 
     def __post_init__(self) -> None:
-        for name in ("limit", "samples", "seed", "max_bytes", "threads"):
+        for name in ("limit", "samples", "seed", "max_bytes", "skip_bytes", "threads"):
             if getattr(self, name) < 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be non-negative, got {getattr(self, name)}")
         if self.batch_size < 1:
@@ -87,6 +93,8 @@ class EvalArgs:
             raise ValueError("--rate and --sweep-rates must be in (0, 1)")
         if self.sweep_bytes < 1:
             raise ValueError("--sweep-bytes must be at least 1")
+        if self.per_document and self.boundaries_mode == "average":
+            raise ValueError("--per-document needs one boundary draw: not --boundaries-mode average")
 
 
 def cmd_eval(argv: list[str]) -> int:
@@ -107,7 +115,8 @@ def cmd_eval(argv: list[str]) -> int:
 
     sweep = (a.sweep_rates or SWEEP) if a.rate_sweep else ()
     opts = EvalConfig(data=a.data, split=a.split, tasks=a.tasks, task_dir=a.task_dir, limit=a.limit, mode=mode,
-                      batch_size=a.batch_size, max_bytes=a.max_bytes, bpe_tokenizer=a.bpe_tokenizer,
+                      batch_size=a.batch_size, max_bytes=a.max_bytes, skip_bytes=a.skip_bytes,
+                      per_document=a.per_document, bpe_tokenizer=a.bpe_tokenizer,
                       heldout=a.heldout, robustness=a.robustness, progress=a.progress, rate=a.rate,
                       rate_sweep=tuple(sweep), sweep_bytes=a.sweep_bytes)
     loaded = load(a.checkpoint, resolve_device(a.device))
@@ -229,16 +238,36 @@ class CompareArgs:
     runs: Annotated[tuple[str, ...], tyro.conf.Positional]
     """Run directories (or eval.json files)."""
     out: str = "."
-    """Directory for comparison.md, table1.csv, table3.csv."""
+    """Directory for comparison.md, table1.csv, table3.csv (with --paired: paired.json)."""
+    paired: bool = False
+    """Two runs evaluated with `learntok eval --per-document` on the same text: their held-out BPB difference
+    with a 95 % paired bootstrap interval over documents."""
+    resamples: int = 10_000
+    """Bootstrap resamples for --paired."""
+    seed: int = 0
+    """Seed of the bootstrap for --paired."""
 
 
 def cmd_compare(argv: list[str]) -> int:
-    """`learntok compare RUN_DIR... [--out DIR]`: Table 1 and Table 3 as Markdown and CSV."""
-    from learntok.evaluation.compare import compare
+    """`learntok compare RUN_DIR... [--out DIR]`: Table 1 and Table 3 as Markdown and CSV; `--paired A B`: the
+    held-out BPB difference with a paired bootstrap interval."""
+    from learntok.evaluation.compare import compare, format_paired, paired_bpb
 
     a = parse(CompareArgs, argv, "learntok compare", CompareArgs.__doc__ or "")
     if not a.runs:
         raise UsageError("learntok compare: give at least one run directory")
+    if a.paired:
+        if len(a.runs) != 2:
+            raise UsageError(f"learntok compare --paired: give exactly two runs, got {len(a.runs)}")
+        p = paired_bpb(*a.runs, resamples=a.resamples, seed=a.seed)
+        print(format_paired(p))
+        out = Path(a.out) / "paired.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(p, indent=2) + "\n")
+        tmp.replace(out)
+        print(f"written: {out}")
+        return 0
     md, paths = compare(list(a.runs), a.out)
     print(md)
     print("written: " + ", ".join(str(x) for x in paths))

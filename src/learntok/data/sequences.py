@@ -62,6 +62,12 @@ class ByteSequences:
     def __getitem__(self, i: int) -> np.ndarray:
         return self.batch([i])[0]
 
+    def document_spans(self, i: int) -> list[tuple[int, int, int]]:
+        """(document, first target position, bytes) of each document's bytes in window i: target j of the
+        window (the byte that position j predicts) is byte j of the window, so a document's bytes are targets
+        pos .. pos + bytes - 1; EOS separators belong to no document."""
+        return [(d, pos, n) for d, _, n, pos in self._pieces(i)]
+
     def _pieces(self, i: int) -> list[tuple[int, int, int, int]]:
         """Where window i comes from: (document, first byte in it, bytes, position in the window) per piece;
         in a packed window each piece after the first is preceded by its predecessor's EOS."""

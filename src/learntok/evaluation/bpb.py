@@ -129,34 +129,55 @@ def _progress(total: int, desc: str, enabled: bool):
 
 
 @torch.no_grad()
-def heldout_bpb(model, seqs, bm: BoundaryMode, *, batch_size: int = 8, max_bytes: int = 0,
-                references: dict | None = None, progress: bool = False, stats=None) -> dict:
-    """Bits per byte of the sequences of a `learntok.data.ByteSequences` (its first max_bytes // seq_len, or all
-    when max_bytes is 0), counting byte targets only (not EOS separators), with the standard error over
-    sequences. `stats` (a BoundaryStats) collects the boundaries of the first draw, compared with `references`
-    (name -> ByteSequences whose flags are reference boundaries)."""
+def heldout_bpb(model, seqs, bm: BoundaryMode, *, batch_size: int = 8, max_bytes: int = 0, skip_bytes: int = 0,
+                per_document: bool = False, references: dict | None = None, progress: bool = False,
+                stats=None) -> dict:
+    """Bits per byte of the sequences of a `learntok.data.ByteSequences` (max_bytes // seq_len of them, or all
+    when max_bytes is 0, starting after the first skip_bytes of the stream, rounded up to whole sequences: text
+    earlier screens have read can be left out), counting byte targets only (not EOS separators), with the
+    standard error over sequences. A sequence's boundary noise is keyed on its index in the split, so skipping
+    does not change how a sequence is scored. `per_document` also returns each document's bits and bytes
+    within the scored range (the units of a paired bootstrap, `learntok.evaluation.stats.paired_bootstrap`;
+    one boundary draw only). `stats` (a BoundaryStats) collects the boundaries of the first draw, compared with
+    `references` (name -> ByteSequences whose flags are reference boundaries)."""
+    if skip_bytes < 0:
+        raise ValueError(f"skip_bytes must be non-negative, got {skip_bytes}")
+    first = -(-skip_bytes // seqs.seq_len)
+    if first >= len(seqs):
+        raise ValueError(f"{seqs.name}: skipping {skip_bytes:,} bytes leaves no sequence to score (it has "
+                         f"{len(seqs)} of {seqs.seq_len} bytes)")
+    if per_document and bm.draws > 1:
+        raise ValueError("per-document scores need one boundary draw (a k-sample average is per sequence)")
     device = next(model.parameters()).device
-    n = len(seqs) if max_bytes <= 0 else min(len(seqs), max(1, max_bytes // seqs.seq_len))
+    n = len(seqs) - first if max_bytes <= 0 else min(len(seqs) - first, max(1, max_bytes // seqs.seq_len))
     ll = np.zeros((bm.draws, n))
     n_bytes = np.zeros(n)
     n_tok = 0
+    doc_bits: dict[int, float] = {}
+    doc_bytes: dict[int, int] = {}
     bar = _progress(n, "held-out", progress)
     with evaluating(model, bm):
-        for start in range(0, n, batch_size):
-            idx = np.arange(start, min(start + batch_size, n))
+        for start in range(first, first + n, batch_size):
+            idx = np.arange(start, min(start + batch_size, first + n))
             batch = torch.from_numpy(seqs.batch(idx)).to(device)  # (B,S+1) BOS first
             ids, targets = batch[:, :-1], batch[:, 1:]  # (B,S)
             flags = seqs.flag_batch(idx)
             prescribed = None if flags is None else torch.from_numpy(flags[:, :-1]).to(device)
             byte = byte_targets(targets)  # (B,S) BPB counts bytes, not EOS
-            n_bytes[idx] = byte.sum(1).cpu().numpy()
+            n_bytes[idx - first] = byte.sum(1).cpu().numpy()
             for k in range(bm.draws):
                 noise = None
                 if bm.mode != "greedy":
                     noise = torch.from_numpy(np.stack([text_noise(bm, int(i), k, ids.shape[1]) for i in idx]))
                     noise = noise.to(device)  # (B,S)
                 nll, _, out, count = forward_nll(model, ids, targets, noise, prescribed)
-                ll[k, idx] = -torch.where(byte, nll, 0.0).sum(1).double().cpu().numpy()
+                ll[k, idx - first] = -torch.where(byte, nll, 0.0).sum(1).double().cpu().numpy()
+                if per_document:
+                    bits = nll.double().cpu().numpy() / LN2
+                    for row, i in enumerate(idx):
+                        for doc, pos, length in seqs.document_spans(int(i)):
+                            doc_bits[doc] = doc_bits.get(doc, 0.0) + float(bits[row, pos:pos + length].sum())
+                            doc_bytes[doc] = doc_bytes.get(doc, 0) + length
                 if k == 0:
                     n_tok += int(count.sum())
                     if stats is not None:
@@ -171,7 +192,11 @@ def heldout_bpb(model, seqs, bm: BoundaryMode, *, batch_size: int = 8, max_bytes
         seq_ll = ll[0]
     res = ratio_se(-seq_ll / LN2, n_bytes)
     out_d = {"bpb": res["mean"], "bpb_se": res["se"], "sequences": n, "bytes": int(n_bytes.sum()),
-             "seq_len": seqs.seq_len, "tokens": n_tok}
+             "seq_len": seqs.seq_len, "tokens": n_tok, "first_sequence": first}
+    if per_document:
+        docs = sorted(doc_bits)
+        out_d["per_document"] = {"documents": docs, "bits": [doc_bits[d] for d in docs],
+                                 "bytes": [doc_bytes[d] for d in docs]}
     if bm.draws > 1:  # the plain average of the k per-sample BPBs, for reference
         out_d["bpb_mean_over_samples"] = float(np.mean([-row.sum() / LN2 / n_bytes.sum() for row in ll]))
     return out_d

@@ -156,3 +156,38 @@ def compare(paths: list[str | Path], out_dir: str | Path) -> tuple[str, list[Pat
     _write_csv(out / "table1.csv", rows1)
     _write_csv(out / "table3.csv", rows3)
     return md, [out / "comparison.md", out / "table1.csv", out / "table3.csv"]
+
+
+def paired_bpb(path_a: str | Path, path_b: str | Path, *, resamples: int = 10_000, seed: int = 0) -> dict:
+    """Held-out BPB of run A − run B with a paired bootstrap interval over documents
+    (`learntok.evaluation.stats.paired_bootstrap`), from two eval.json files written with --per-document on the
+    same text. Raises ValueError if either lacks per-document scores or they scored different bytes."""
+    from learntok.evaluation.stats import paired_bootstrap
+
+    runs = [load_run_eval(p) for p in (path_a, path_b)]
+    held = []
+    for p, r in zip((path_a, path_b), runs, strict=True):
+        h = r["report"].get("heldout") or {}
+        if "per_document" not in h:
+            raise ValueError(f"{p}: its eval.json has no per-document scores; run `learntok eval RUN "
+                             f"--per-document` (with the same --split / --data / --skip-bytes / --max-bytes for both)")
+        held.append(h)
+    a, b = held
+    same = ("data", "split", "first_sequence", "seq_len", "bytes")
+    if any(a.get(k) != b.get(k) for k in same) or a["per_document"]["documents"] != b["per_document"]["documents"] \
+            or a["per_document"]["bytes"] != b["per_document"]["bytes"]:
+        diff = ", ".join(f"{k} {a.get(k)!r} vs {b.get(k)!r}" for k in same if a.get(k) != b.get(k))
+        raise ValueError(f"{path_a} and {path_b} scored different held-out bytes ({diff or 'other documents'}): "
+                         "a paired comparison needs the same text, sequence length and range")
+    res = paired_bootstrap(a["per_document"]["bits"], b["per_document"]["bits"], a["per_document"]["bytes"],
+                           resamples=resamples, seed=seed)
+    return {"a": runs[0]["run"], "b": runs[1]["run"], "bpb_a": a["bpb"], "bpb_b": b["bpb"], "data": a.get("data"),
+            "split": a.get("split"), "bytes": a["bytes"], **res}
+
+
+def format_paired(p: dict) -> str:
+    """One line: the difference, its interval and the reading."""
+    word = "tie" if p["tie"] else ("A better" if p["mean"] < 0 else "B better")
+    return (f"held-out BPB {p['a']} − {p['b']}: {p['mean']:+.4f} [{p['lo']:+.4f}, {p['hi']:+.4f}] {word} "
+            f"({p['bpb_a']:.4f} vs {p['bpb_b']:.4f}; paired bootstrap over {p['units']} documents, {p['bytes']:,} "
+            f"bytes, {p['resamples']:,} resamples, {p['level']:.0%})")

@@ -46,6 +46,10 @@ class EvalConfig:
     batch_size: int = 16
     max_bytes: int = 0
     """Held-out bytes to evaluate (0 = the whole split)."""
+    skip_bytes: int = 0
+    """Held-out bytes left out at the start of the split (rounded up to whole sequences)."""
+    per_document: bool = False
+    """Also each document's held-out bits and bytes (for `learntok compare --paired`)."""
     bpe_tokenizer: str | None = None
     """tokenizer.json of a byte-level BPE to compare boundaries with."""
     heldout: bool = True
@@ -155,7 +159,8 @@ def evaluate_model(cfg, model, opts: EvalConfig, log: Callable[[str], None] = pr
         del docs
         max_bytes = opts.max_bytes if not opts.limit else min(opts.max_bytes or 1 << 62, opts.limit * dc.seq_len)
         stats = BoundaryStats()
-        res = heldout_bpb(model, seqs, bm, batch_size=opts.batch_size, max_bytes=max_bytes, references=refs,
+        res = heldout_bpb(model, seqs, bm, batch_size=opts.batch_size, max_bytes=max_bytes,
+                          skip_bytes=opts.skip_bytes, per_document=opts.per_document, references=refs,
                           progress=opts.progress, stats=stats)
         report["heldout"] = {"data": desc, "split": opts.split if opts.data is None else None, **res,
                              "seconds": time.perf_counter() - t}
