@@ -75,10 +75,11 @@ def flops_per_byte(name: str, rate: float) -> float:
 
 
 def train_arm(run: Path, data: Path, name: str, *, rate: float, seed: int, max_bytes: float = 0,
-              time_budget: float = 0, flops_budget: float = 0, eval_every: int = 0, ckpt_every: int = 500,
-              flags: list[str] | None = None) -> dict:
+              time_budget: float = 0, flops_budget: float = 0, flops_convention: str = "6n", eval_every: int = 0,
+              ckpt_every: int = 500, flags: list[str] | None = None) -> dict:
     """Train one arm in a fresh process (log in RUN.log) for `max_bytes` bytes, for `time_budget` seconds on a
-    time schedule, or until `flops_budget` training FLOPs (the paper's 6N) on a FLOPs schedule; an interrupted arm
+    time schedule, or until `flops_budget` training FLOPs (in `flops_convention`: the paper's 6N by default) on a
+    FLOPs schedule; an interrupted arm
     (a checkpoint in RUN) is resumed exactly. `flags` replace the arm's own (ARMS[name] at `rate`). Returns its final
     metrics, its validation curve (bytes, FLOPs, seconds, val BPB), the training command and the run's config and
     provenance."""
@@ -86,7 +87,8 @@ def train_arm(run: Path, data: Path, name: str, *, rate: float, seed: int, max_b
     if time_budget:
         budget = ["--schedule", "time", "--time-budget", str(time_budget)]
     elif flops_budget:
-        budget = ["--schedule", "flops", "--flops-budget", f"{flops_budget:.6g}", "--max-bytes", "0"]
+        budget = ["--schedule", "flops", "--flops-budget", f"{flops_budget:.6g}", "--flops-convention",
+                  flops_convention, "--max-bytes", "0"]
     else:
         budget = ["--max-bytes", str(int(max_bytes))]
     fresh = ["train", "--preset", "small", "--data", str(data), "--out", str(run), "--overwrite", "--seed", str(seed),

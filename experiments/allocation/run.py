@@ -1,0 +1,309 @@
+"""Issue 30's study: every method at its own best allocation for one budget, then with seeds at that budget and
+at 4x it, scored on test text no earlier screen read, at matched total FLOPs (attention included) and at matched
+wall-clock.
+
+    python experiments/allocation/run.py sweep --data DATA/enwiki --out runs/alloc              # stage 1, seed 0
+    python experiments/allocation/run.py sweep --data DATA/enwiki --out runs/alloc --stage 2    # at stage 1's best
+    python experiments/allocation/run.py best --out runs/alloc                                  # chosen on validation
+    python experiments/allocation/run.py final --data DATA/enwiki --out runs/alloc --scale 1
+    python experiments/allocation/run.py final --data DATA/enwiki --out runs/alloc --scale 1 --clock
+    python experiments/allocation/run.py evaluate --out runs/alloc
+    python experiments/allocation/run.py report
+
+Budget: the total training FLOPs (learntok.model.flops, convention `total`: the paper's 6N plus attention) of
+6e6 bytes of `uniform` at rate 0.2 in the `small` preset's shape, so the flat model's full attention and every
+method's attention over its tokens are paid for. `--scale 4` is 4x it.
+
+Stage 1 sweeps width and depth (d_model with its heads, and the token-level depth n_mid, or the flat and BPE
+models' own depth) for every method, one seed, each cell at the budget (`learntok sweep`, one run directory per
+cell, resumable). Stage 2 sweeps the byte window, and the target rate for methods that have one, at stage 1's
+best width and depth. `best` reads both stages' validation BPB and prints the allocation each method trains
+with. `final` trains every method (and its n-gram variant, `--ngrams`) at its allocation with --seeds (5 for
+learned, uniform, flat and bpe-lm, 3 for the others by default) to the budget times --scale; with --clock each
+trains instead for the flat model's median training seconds at that scale (the matched wall-clock view; the flat
+arm's FLOPs runs must be finished first). `evaluate` scores every finished final run on the test split after
+its first 256 KB (which earlier screens read many times), 512 KB of it, per document, and on validation, into
+experiments/allocation/records.jsonl. `report` prints the tables: test BPB per method, the paired t-interval over
+seeds against `flat` and `bpe-lm`, and a paired bootstrap over documents (each document's bits averaged over
+seeds) against them. Everything resumes: finished cells and runs are skipped, an interrupted one continues from
+its checkpoint. Settings are chosen on validation only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import arms  # noqa: E402  (experiments/arms.py)
+
+HERE = Path(__file__).resolve().parent
+RECORDS = HERE / "records.jsonl"
+STUDY = "allocation"
+BUDGET_BYTES = 6e6
+"""The budget: the total FLOPs of this many bytes of `uniform` at 0.2 in the small preset's shape."""
+RATE = 0.2
+SKIP_BYTES = 262_144
+"""Test bytes left out: the first 256 KB, which every earlier screen read."""
+TEST_BYTES = 524_288
+NGRAMS = ["--ngram-sizes", "3", "4", "5", "6", "7", "8"]
+
+METHODS: dict[str, list[str]] = {
+    "learned": ["--policy-window", "1", "--value-baseline"],  # the headline policy (learned-w1-vb)
+    "uniform": ["--boundaries", "uniform"],
+    "whitespace": ["--boundaries", "whitespace"],
+    "bpe": ["--boundaries", "bpe"],
+    "entropy": ["--boundaries", "entropy"],
+    "hnet": ["--boundaries", "hnet"],
+    "flat": ["--boundaries", "flat", "--token-mlp-mult", "2"],
+    "bpe-lm": ["--arch", "token", "--boundaries", "bpe", "--bpe-vocab-size", "4096"],
+}
+"""Each method's flags on top of `--preset small` (experiments/arms.py's arms, less the allocation, which is
+swept)."""
+HAS_RATE = ("learned", "uniform", "bpe", "entropy", "hnet")
+"""Methods with a --target-rate (whitespace, flat and bpe-lm have their text's or their vocabulary's)."""
+NGRAM_METHODS = ("learned", "uniform", "flat", "bpe-lm")
+"""Methods whose n-gram variant `final --ngrams` trains (byte n-grams; token n-grams for bpe-lm)."""
+MANY_SEEDS = ("learned", "uniform", "flat", "bpe-lm")
+
+WIDTH = "d-model,n-heads=96:2,128:2,192:3"
+DEPTH = {"flat": "n-mid=1,2,3", "bpe-lm": "n-mid=2,4,6"}
+"""Stage 1's depth axis per method (the U-Net's token-level layers by default)."""
+UNET_DEPTH = "n-mid=2,3,5"
+
+
+def budget(scale: float = 1.0, budget_bytes: float = BUDGET_BYTES) -> float:
+    """Total training FLOPs of `budget_bytes` of `uniform` at RATE, the small preset's shape and batch (8 x 512):
+    its counter's `total` convention on rows of 103 tokens (a boundary every 5 bytes from the first)."""
+    from learntok.cli.train import parse_train_args
+    from learntok.model import build_model
+
+    cfg = parse_train_args(["--preset", "small", "--boundaries", "uniform", "--target-rate", str(RATE)])
+    model = build_model(cfg.model, cfg.boundary)
+    rows, L = cfg.batch_size, cfg.data.seq_len
+    tokens = -(-L // round(1 / RATE))
+    step = model.flops_conventions(rows, L, rows * tokens, rows * tokens, rows * tokens * (tokens + 1) / 2)
+    return scale * budget_bytes * step["total"] / (rows * L)
+
+
+def _flags(method: str, allocation: dict[str, str] | None = None, ngrams: bool = False, rate: bool = True) -> list[str]:
+    """`--preset small`, the method's flags, its rate (unless the allocation sets one, or `rate` is False: a sweep
+    axis will) and the allocation."""
+    allocation = allocation or {}
+    rate = ["--target-rate", str(RATE)] if rate and method in HAS_RATE and "target-rate" not in allocation else []
+    more = [x for k, v in allocation.items() for x in (f"--{k}", v)]
+    return ["--preset", "small", *METHODS[method], *rate, *more, *(NGRAMS if ngrams else [])]
+
+
+def _sweep_dir(out: Path, method: str, stage: int) -> Path:
+    return out / f"sweep{stage}-{method}"
+
+
+def _best_cell(out: Path, method: str, stage: int) -> dict[str, str] | None:
+    """The axes of the stage's lowest validation BPB (mean over its seeds), or None before any cell finished."""
+    from learntok import records
+
+    rows = records.load(_sweep_dir(out, method, stage) / "sweep.jsonl")
+    if not rows:
+        return None
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(json.dumps(r["axes"], sort_keys=True), []).append(r)
+    best = min(groups, key=lambda g: statistics.mean(r["val_bpb"] for r in groups[g]))
+    return json.loads(best)
+
+
+def allocation(out: Path, method: str) -> dict[str, str]:
+    """Stage 1's best width and depth and stage 2's best byte window (and rate); the preset's where a stage has
+    not run."""
+    return {**(_best_cell(out, method, 1) or {}), **(_best_cell(out, method, 2) or {})}
+
+
+def cmd_sweep(args) -> None:
+    for method in args.methods:
+        if args.stage == 1:
+            axes = [WIDTH, DEPTH.get(method, UNET_DEPTH)]
+            base = _flags(method)
+        else:
+            first = _best_cell(args.out, method, 1)
+            if first is None:
+                sys.exit(f"{method}: stage 1 has no finished cell; run stage 1 first")
+            axes = [] if method in ("flat", "bpe-lm") else ["byte-window=4,8,16"]
+            if method in HAS_RATE:
+                axes.append("target-rate=0.15,0.2,0.25")
+            if not axes:
+                continue
+            base = _flags(method, first, rate=method not in HAS_RATE)
+        cmd = [sys.executable, "-m", "learntok", "sweep", str(_sweep_dir(args.out, method, args.stage)),
+               "--flops-budget", f"{budget(1.0, args.budget_bytes):.6g}", "--flops-convention", "total",
+               *[x for a in axes for x in ("--axis", a)], "--seeds", *map(str, args.seeds), "--", "--data",
+               str(args.data), *base]
+        print(f"{method}, stage {args.stage}: " + " ".join(cmd[2:]), flush=True)
+        subprocess.run(cmd, check=True)
+
+
+def cmd_best(args) -> None:
+    for method in METHODS:
+        print(f"{method}: {allocation(args.out, method) or '(no sweep yet: the preset)'}")
+
+
+def _arms(ngrams: bool) -> list[tuple[str, str, bool]]:
+    """(arm name, method, with n-grams) of `final`."""
+    out = [(m, m, False) for m in METHODS]
+    if ngrams:
+        out += [(f"{m}-ngrams", m, True) for m in NGRAM_METHODS]
+    return out
+
+
+def _run_dir(out: Path, arm: str, scale: float, clock: bool, seed: int) -> Path:
+    return out / f"final-{arm}-x{scale:g}{'-clock' if clock else ''}-seed{seed}"
+
+
+def _trained(out: Path, arm: str, scale: float, clock: bool, seed: int) -> dict | None:
+    path = _run_dir(out, arm, scale, clock, seed) / "final.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def cmd_final(args) -> None:
+    for seed in args.seeds:
+        for arm, method, ngrams in _arms(args.ngrams):
+            if method not in args.methods:
+                continue
+            if seed not in (args.seeds if method in MANY_SEEDS else args.seeds[:args.few_seeds]):
+                continue
+            run = _run_dir(args.out, arm, args.scale, args.clock, seed)
+            if _trained(args.out, arm, args.scale, args.clock, seed):
+                continue
+            flags = _flags(method, allocation(args.out, method), ngrams)[2:]  # train_arm adds --preset small
+            if args.clock:
+                flat = [_trained(args.out, "flat", args.scale, False, s) for s in args.seeds]
+                secs = [f["train_seconds"] for f in flat if f]
+                if not secs:
+                    sys.exit("--clock: the flat arm's FLOPs runs at this scale must finish first")
+                kw = {"time_budget": statistics.median(secs)}
+            else:
+                kw = {"flops_budget": budget(args.scale, args.budget_bytes), "flops_convention": "total"}
+            print(f"training {run.name}", flush=True)
+            res = arms.train_arm(run, args.data, method, rate=RATE, seed=seed, flags=flags, **kw)
+            res["flags"], res["method"], res["ngrams"] = flags, method, ngrams
+            res["budget"] = {"scale": args.scale, "match": "time" if args.clock else "flops-total", **kw}
+            (run / "final.json").write_text(json.dumps(res, indent=1) + "\n")
+            print(f"{run.name}: {res['bytes'] / 1e6:.2f} MB, {res.get('flops_total', 0):.3g} total FLOPs, "
+                  f"{res['train_seconds']:.0f} s", flush=True)
+
+
+def cmd_evaluate(args) -> None:
+    from learntok import records
+    from learntok.checkpoint import load_run
+    from learntok.data import ByteSequences, load_split
+    from learntok.evaluation.bpb import BoundaryMode, heldout_bpb
+
+    done = {r["run"] for r in records.load(args.results)}
+    for path in sorted(args.out.glob("final-*/final.json")):
+        run = path.parent
+        if run.name in done:
+            continue
+        res = json.loads(path.read_text())
+        cfg, model = load_run(run)
+        scores = {}
+        for split, kw in (("val", {"max_bytes": args.val_bytes}),
+                          ("test", {"skip_bytes": SKIP_BYTES, "max_bytes": args.test_bytes, "per_document": True})):
+            seqs = ByteSequences(load_split(cfg.data, split)[1], cfg.data.seq_len, cfg.data.pack,
+                                 annotate=model.boundary.annotator)
+            scores[split] = heldout_bpb(model, seqs, BoundaryMode(), **kw)
+        arm, seed = run.name.removeprefix("final-").rsplit("-seed", 1)
+        rec = records.make(STUDY, arm.rsplit("-x", 1)[0], int(seed), command=res.pop("command"),
+                           prov=res.pop("provenance"), run=run.name, **res, val=scores["val"], test=scores["test"])
+        records.append(args.results, rec)
+        print(f"{run.name}: test BPB {scores['test']['bpb']:.4f} (val {scores['val']['bpb']:.4f})", flush=True)
+
+
+def report(path: Path = RECORDS) -> str:
+    """Per budget (scale and match): each arm's test BPB, and its paired differences against flat and bpe-lm."""
+    from learntok import records
+    from learntok.evaluation.stats import paired_bootstrap, paired_interval
+
+    rows = records.load(path)
+    if not rows:
+        return "(no records yet)\n"
+    out = []
+    for key in sorted({(r["budget"]["scale"], r["budget"]["match"]) for r in rows}):
+        sub = [r for r in rows if (r["budget"]["scale"], r["budget"]["match"]) == key]
+        by = {}
+        for r in sub:
+            by.setdefault(r["arm"], {})[r["seed"]] = r
+        n_test = sub[0]["test"]["bytes"]
+        out += [f"Budget x{key[0]:g} of the reference, matched {key[1]}; test BPB on {n_test:,} bytes after the "
+                f"first {SKIP_BYTES // 1024} KB; bootstrap: each document's bits averaged over the paired seeds.", "",
+                "| arm | seeds | test BPB | val BPB | total GFLOPs | train s | − flat (seeds, 95 % t) | "
+                "− flat (documents, bootstrap) | − bpe-lm (seeds, 95 % t) |", "|---|---|---|---|---|---|---|---|---|"]
+
+        def vs(arm: str, base: str, by: dict = by) -> tuple[str, str]:
+            a, b = by.get(arm, {}), by.get(base, {})
+            seeds = sorted(set(a) & set(b))
+            if arm == base or len(seeds) < 2:
+                return "—", "—"
+            p = paired_interval([a[s]["test"]["bpb"] - b[s]["test"]["bpb"] for s in seeds])
+            t = f"{p['mean']:+.4f} [{p['lo']:+.4f}, {p['hi']:+.4f}]{' tie' if p['tie'] else ''}"
+            docs = [a[s]["test"]["per_document"] for s in seeds] + [b[s]["test"]["per_document"] for s in seeds]
+            if any(d["documents"] != docs[0]["documents"] for d in docs):
+                return t, "(different text)"
+            mean_bits = [[statistics.mean(v) for v in zip(*(d["bits"] for d in part))]
+                         for part in (docs[:len(seeds)], docs[len(seeds):])]
+            q = paired_bootstrap(*mean_bits, docs[0]["bytes"])
+            return t, f"{q['mean']:+.4f} [{q['lo']:+.4f}, {q['hi']:+.4f}]{' tie' if q['tie'] else ''}"
+
+        for arm in sorted(by, key=lambda a: statistics.mean(r["test"]["bpb"] for r in by[a].values())):
+            rs = list(by[arm].values())
+            flat_t, flat_b = vs(arm, "flat")
+            bpe_t, _ = vs(arm, "bpe-lm")
+            out.append(f"| {arm} | {len(rs)} | {arms.mean_se([r['test']['bpb'] for r in rs])} | "
+                       f"{arms.mean_se([r['val']['bpb'] for r in rs])} | "
+                       f"{statistics.mean(r.get('flops_total', 0) for r in rs) / 1e9:.1f} | "
+                       f"{statistics.mean(r['train_seconds'] for r in rs):.0f} | {flat_t} | {flat_b} | {bpe_t} |")
+        out.append("")
+    return "\n".join(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("sweep", help="stage 1 (width x depth) or 2 (byte window, rate) for every method")
+    s.add_argument("--data", type=Path, required=True)
+    s.add_argument("--out", type=Path, default=Path("runs/alloc"))
+    s.add_argument("--stage", type=int, choices=(1, 2), default=1)
+    s.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS))
+    s.add_argument("--seeds", type=int, nargs="+", default=[0])
+    s.add_argument("--budget-bytes", type=float, default=BUDGET_BYTES, help="the reference bytes (a smoke test: 2e4)")
+    b = sub.add_parser("best", help="the allocation each method trains with (chosen on validation)")
+    b.add_argument("--out", type=Path, default=Path("runs/alloc"))
+    f = sub.add_parser("final", help="every method at its allocation, with seeds, at budget x --scale")
+    f.add_argument("--data", type=Path, required=True)
+    f.add_argument("--out", type=Path, default=Path("runs/alloc"))
+    f.add_argument("--scale", type=float, default=1.0)
+    f.add_argument("--clock", action="store_true", help="train for the flat arm's seconds instead (matched time)")
+    f.add_argument("--ngrams", action="store_true", help="also each n-gram variant")
+    f.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS))
+    f.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    f.add_argument("--budget-bytes", type=float, default=BUDGET_BYTES, help="the reference bytes (a smoke test: 2e4)")
+    f.add_argument("--few-seeds", type=int, default=3, help="seeds of the methods outside " + ", ".join(MANY_SEEDS))
+    e = sub.add_parser("evaluate", help="test split after its first 256 KB, per document; and validation")
+    e.add_argument("--out", type=Path, default=Path("runs/alloc"))
+    e.add_argument("--results", type=Path, default=RECORDS)
+    e.add_argument("--val-bytes", type=int, default=SKIP_BYTES, help="validation bytes scored (the first ones)")
+    e.add_argument("--test-bytes", type=int, default=TEST_BYTES, help="test bytes scored, after the first 256 KB")
+    r = sub.add_parser("report", help="the tables")
+    r.add_argument("--results", type=Path, default=RECORDS)
+    args = ap.parse_args()
+    if args.cmd == "report":
+        print(report(args.results))
+    else:
+        {"sweep": cmd_sweep, "best": cmd_best, "final": cmd_final, "evaluate": cmd_evaluate}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    main()
