@@ -160,3 +160,50 @@ def test_headline_reports_a_declared_seed_set_only_when_it_is_complete(capsys, m
     assert expected(nine, 0.95) in lines[extension]
     assert "97.5 %" in lines[extension + 1] and expected(nine, 0.975) in lines[extension + 1]
     assert "(15-18, a replication)" in lines[extension + 2] and expected(nine[5:], 0.95) in lines[extension + 2]
+
+
+def _allocation():
+    spec = importlib.util.spec_from_file_location("allocation_run", Path(arms.__file__).parent / "allocation/run.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_allocation_budget_flags_best_cell_and_report(tmp_path):
+    """experiments/allocation: the budget is the total FLOPs (6N plus attention) of uniform's bytes; a method's
+    flags carry its rate unless the allocation or a sweep axis sets it; the best cell is the lowest mean validation
+    BPB over seeds; the report pairs by seed and bootstraps documents, and refuses to pair different text."""
+    alloc = _allocation()
+    six_n = alloc.BUDGET_BYTES * arms.flops_per_byte("uniform", 0.2)
+    assert six_n < alloc.budget() < 1.1 * six_n and alloc.budget(4) == pytest.approx(4 * alloc.budget())
+    assert alloc._flags("learned")[-2:] == ["--target-rate", "0.2"]
+    assert "--target-rate" not in alloc._flags("learned", rate=False) + alloc._flags("flat")
+    assert alloc._flags("uniform", {"target-rate": "0.25"}).count("--target-rate") == 1
+
+    def cell(axes, seed, bpb):
+        return records.make("sweep", "cell", seed, command="x", axes=axes, val_bpb=bpb)
+
+    d = tmp_path / "sweep1-uniform"
+    d.mkdir()
+    records.write(d / "sweep.jsonl", [cell({"n-mid": "2"}, 0, 2.0), cell({"n-mid": "2"}, 1, 2.4),
+                                      cell({"n-mid": "3"}, 0, 2.1), cell({"n-mid": "3"}, 1, 2.2)])
+    assert alloc.allocation(tmp_path, "uniform") == {"n-mid": "3"}  # mean 2.15 beats 2.2
+    assert alloc.allocation(tmp_path, "flat") == {}
+
+    def final(arm, seed, bpb, bits):
+        test = {"bpb": bpb, "bytes": 300, "per_document": {"documents": [0, 1, 2], "bits": bits,
+                                                            "bytes": [100, 100, 100]}}
+        return records.make("allocation", arm, seed, command="x", budget={"scale": 1.0, "match": "flops-total"},
+                            test=test, val={"bpb": bpb}, train_seconds=1.0, flops_total=1e9)
+
+    path = tmp_path / "records.jsonl"
+    records.write(path, [final("flat", s, 2.0 + s / 10, [200 + 10 * s] * 3) for s in range(3)]
+                  + [final("uniform", s, 1.9 + s / 10, [190 + 10 * s, 190 + 10 * s, 190 + 10 * s]) for s in range(3)])
+    table = alloc.report(path)
+    row = next(line for line in table.splitlines() if line.startswith("| uniform |"))
+    assert "-0.1000 [-0.1000, -0.1000]" in row and "tie" not in row  # every seed and document 0.1 better
+    records.write(path, [*records.load(path)[:3], *[final("uniform", s, 1.9, [1.0, 2.0, 3.0]) for s in range(3)]])
+    bad = records.load(path)
+    bad[-1]["test"]["per_document"]["documents"] = [0, 1, 5]
+    records.write(path, bad)
+    assert "(different text)" in alloc.report(path)
