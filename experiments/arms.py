@@ -85,7 +85,7 @@ def train_arm(run: Path, data: Path, name: str, *, rate: float, seed: int, max_b
     provenance."""
     common = ["--progress-style", "lines", "--ckpt-every", str(ckpt_every), "--eval-every", str(eval_every)]
     if time_budget:
-        budget = ["--schedule", "time", "--time-budget", str(time_budget)]
+        budget = ["--schedule", "time", "--time-budget", str(time_budget), "--max-bytes", "0"]  # no preset cap
     elif flops_budget:
         budget = ["--schedule", "flops", "--flops-budget", f"{flops_budget:.6g}", "--flops-convention",
                   flops_convention, "--max-bytes", "0"]

@@ -173,5 +173,8 @@ def test_paired_bootstrap_reads_what_two_models_share_as_shared():
     r = paired_bootstrap(one, bits, n_bytes, resamples=2000)
     assert r["lo"] <= 0.0 <= r["hi"] and r["lo"] <= r["mean"] <= r["hi"] and r["tie"]
     assert r["mean"] == pytest.approx(50.0 / n_bytes.sum())
+    noisy = bits + rng.normal(0.0, 20.0, 50)  # every document a little different
+    wide, half = (paired_bootstrap(noisy, bits, n_bytes, resamples=2000, level=q) for q in (0.95, 0.5))
+    assert wide["lo"] < half["lo"] < half["hi"] < wide["hi"]  # the same draws, inner quantiles
     with pytest.raises(ValueError, match="same >= 2 units"):
         paired_bootstrap(bits, bits[:-1], n_bytes)

@@ -169,7 +169,7 @@ def _allocation():
     return mod
 
 
-def test_allocation_budget_flags_best_cell_and_report(tmp_path):
+def test_allocation_budget_flags_best_cell_and_report(tmp_path, monkeypatch):
     """experiments/allocation: the budget is the total FLOPs (6N plus attention) of uniform's bytes; a method's
     flags carry its rate unless the allocation or a sweep axis sets it; the best cell is the lowest mean validation
     BPB over seeds; the report pairs by seed and bootstraps documents, and refuses to pair different text."""
@@ -183,17 +183,23 @@ def test_allocation_budget_flags_best_cell_and_report(tmp_path):
     def cell(axes, seed, bpb):
         return records.make("sweep", "cell", seed, command="x", axes=axes, val_bpb=bpb)
 
+    assert len(alloc._axes("learned", 1)) == 2 and alloc._axes("flat", 2) == []
+    monkeypatch.setattr(alloc, "_axes", lambda method, stage: ["n-mid=2,3"] if stage == 1 else [])
     d = tmp_path / "sweep1-uniform"
     d.mkdir()
-    records.write(d / "sweep.jsonl", [cell({"n-mid": "2"}, 0, 2.0), cell({"n-mid": "2"}, 1, 2.4),
-                                      cell({"n-mid": "3"}, 0, 2.1), cell({"n-mid": "3"}, 1, 2.2)])
+    records.write(d / "sweep.jsonl", [cell({"n-mid": "2"}, 0, 2.0), cell({"n-mid": "2"}, 1, 2.4)])
+    with pytest.raises(SystemExit, match="stage 1 has 1 of 2 cells"):  # its best so far could still change
+        alloc.allocation(tmp_path, "uniform")
+    records.write(d / "sweep.jsonl", [*records.load(d / "sweep.jsonl"), cell({"n-mid": "3"}, 0, 2.1),
+                                      cell({"n-mid": "3"}, 1, 2.2)])
     assert alloc.allocation(tmp_path, "uniform") == {"n-mid": "3"}  # mean 2.15 beats 2.2
     assert alloc.allocation(tmp_path, "flat") == {}
 
     def final(arm, seed, bpb, bits):
         test = {"bpb": bpb, "bytes": 300, "per_document": {"documents": [0, 1, 2], "bits": bits,
                                                             "bytes": [100, 100, 100]}}
-        return records.make("allocation", arm, seed, command="x", budget={"scale": 1.0, "match": "flops-total"},
+        return records.make("allocation", arm, seed, command="x",
+                            budget={"scale": 1.0, "match": "flops-total", "flops_budget": 1.7e13},
                             test=test, val={"bpb": bpb}, train_seconds=1.0, flops_total=1e9)
 
     path = tmp_path / "records.jsonl"

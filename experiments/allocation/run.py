@@ -103,13 +103,28 @@ def _sweep_dir(out: Path, method: str, stage: int) -> Path:
     return out / f"sweep{stage}-{method}"
 
 
+def _axes(method: str, stage: int) -> list[str]:
+    """The --axis specs of a method's sweep stage (stage 2: none for flat and bpe-lm)."""
+    if stage == 1:
+        return [WIDTH, DEPTH.get(method, UNET_DEPTH)]
+    axes = [] if method in ("flat", "bpe-lm") else ["byte-window=4,8,16"]
+    return axes + (["target-rate=0.15,0.2,0.25"] if method in HAS_RATE else [])
+
+
 def _best_cell(out: Path, method: str, stage: int) -> dict[str, str] | None:
-    """The axes of the stage's lowest validation BPB (mean over its seeds), or None before any cell finished."""
+    """The axes of the stage's lowest validation BPB (mean over its seeds), or None when the stage has no cell
+    yet; a stage with some but not all of its cells is an error (its best so far could change)."""
     from learntok import records
+    from learntok.cli.sweep import cells, parse_axes
 
     rows = records.load(_sweep_dir(out, method, stage) / "sweep.jsonl")
     if not rows:
         return None
+    grid = {json.dumps(c, sort_keys=True) for c in cells(parse_axes(tuple(_axes(method, stage))))}
+    missing = grid - {json.dumps(r["axes"], sort_keys=True) for r in rows}
+    if missing:
+        sys.exit(f"{method}: stage {stage} has {len(grid) - len(missing)} of {len(grid)} cells; finish it (run "
+                 f"the sweep again) before its best allocation is used")
     groups: dict[str, list[dict]] = {}
     for r in rows:
         groups.setdefault(json.dumps(r["axes"], sort_keys=True), []).append(r)
@@ -125,18 +140,15 @@ def allocation(out: Path, method: str) -> dict[str, str]:
 
 def cmd_sweep(args) -> None:
     for method in args.methods:
+        axes = _axes(method, args.stage)
+        if not axes:
+            continue
         if args.stage == 1:
-            axes = [WIDTH, DEPTH.get(method, UNET_DEPTH)]
             base = _flags(method)
         else:
             first = _best_cell(args.out, method, 1)
             if first is None:
                 sys.exit(f"{method}: stage 1 has no finished cell; run stage 1 first")
-            axes = [] if method in ("flat", "bpe-lm") else ["byte-window=4,8,16"]
-            if method in HAS_RATE:
-                axes.append("target-rate=0.15,0.2,0.25")
-            if not axes:
-                continue
             base = _flags(method, first, rate=method not in HAS_RATE)
         cmd = [sys.executable, "-m", "learntok", "sweep", str(_sweep_dir(args.out, method, args.stage)),
                "--flops-budget", f"{budget(1.0, args.budget_bytes):.6g}", "--flops-convention", "total",
@@ -176,9 +188,13 @@ def cmd_final(args) -> None:
             if seed not in (args.seeds if method in MANY_SEEDS else args.seeds[:args.few_seeds]):
                 continue
             run = _run_dir(args.out, arm, args.scale, args.clock, seed)
-            if _trained(args.out, arm, args.scale, args.clock, seed):
-                continue
             flags = _flags(method, allocation(args.out, method), ngrams)[2:]  # train_arm adds --preset small
+            done = _trained(args.out, arm, args.scale, args.clock, seed)
+            if done and done["flags"] != flags:
+                sys.exit(f"{run} trained with {' '.join(done['flags'])}, but the allocation now gives "
+                         f"{' '.join(flags)}: the seeds of one arm must train one model (use another --out)")
+            if done:
+                continue
             if args.clock:
                 flat = [_trained(args.out, "flat", args.scale, False, s) for s in args.seeds]
                 secs = [f["train_seconds"] for f in flat if f]
@@ -202,10 +218,10 @@ def cmd_evaluate(args) -> None:
     from learntok.data import ByteSequences, load_split
     from learntok.evaluation.bpb import BoundaryMode, heldout_bpb
 
-    done = {r["run"] for r in records.load(args.results)}
+    done = {r["run_dir"] for r in records.load(args.results)}
     for path in sorted(args.out.glob("final-*/final.json")):
         run = path.parent
-        if run.name in done:
+        if str(run.resolve()) in done:
             continue
         res = json.loads(path.read_text())
         cfg, model = load_run(run)
@@ -217,7 +233,8 @@ def cmd_evaluate(args) -> None:
             scores[split] = heldout_bpb(model, seqs, BoundaryMode(), **kw)
         arm, seed = run.name.removeprefix("final-").rsplit("-seed", 1)
         rec = records.make(STUDY, arm.rsplit("-x", 1)[0], int(seed), command=res.pop("command"),
-                           prov=res.pop("provenance"), run=run.name, **res, val=scores["val"], test=scores["test"])
+                           prov=res.pop("provenance"), run=run.name, run_dir=str(run.resolve()), **res,
+                           val=scores["val"], test=scores["test"])
         records.append(args.results, rec)
         print(f"{run.name}: test BPB {scores['test']['bpb']:.4f} (val {scores['val']['bpb']:.4f})", flush=True)
 
@@ -230,15 +247,21 @@ def report(path: Path = RECORDS) -> str:
     rows = records.load(path)
     if not rows:
         return "(no records yet)\n"
+    def key_of(r: dict) -> tuple:
+        b = r["budget"]
+        return b["scale"], b["match"], float(f"{b.get('flops_budget') or b.get('time_budget'):.4g}")
+
     out = []
-    for key in sorted({(r["budget"]["scale"], r["budget"]["match"]) for r in rows}):
-        sub = [r for r in rows if (r["budget"]["scale"], r["budget"]["match"]) == key]
+    for key in sorted({key_of(r) for r in rows}):
+        sub = [r for r in rows if key_of(r) == key]
         by = {}
         for r in sub:
             by.setdefault(r["arm"], {})[r["seed"]] = r
         n_test = sub[0]["test"]["bytes"]
-        out += [f"Budget x{key[0]:g} of the reference, matched {key[1]}; test BPB on {n_test:,} bytes after the "
-                f"first {SKIP_BYTES // 1024} KB; bootstrap: each document's bits averaged over the paired seeds.", "",
+        unit = "s" if key[1] == "time" else "FLOPs"
+        out += [f"Budget x{key[0]:g} of the reference ({key[2]:.4g} {unit}), matched {key[1]}; test BPB on "
+                f"{n_test:,} bytes after the first {SKIP_BYTES // 1024} KB; bootstrap: each document's bits averaged "
+                f"over the paired seeds.", "",
                 "| arm | seeds | test BPB | val BPB | total GFLOPs | train s | − flat (seeds, 95 % t) | "
                 "− flat (documents, bootstrap) | − bpe-lm (seeds, 95 % t) |", "|---|---|---|---|---|---|---|---|---|"]
 
@@ -250,11 +273,14 @@ def report(path: Path = RECORDS) -> str:
             p = paired_interval([a[s]["test"]["bpb"] - b[s]["test"]["bpb"] for s in seeds])
             t = f"{p['mean']:+.4f} [{p['lo']:+.4f}, {p['hi']:+.4f}]{' tie' if p['tie'] else ''}"
             docs = [a[s]["test"]["per_document"] for s in seeds] + [b[s]["test"]["per_document"] for s in seeds]
-            if any(d["documents"] != docs[0]["documents"] for d in docs):
+            if any((d["documents"], d["bytes"]) != (docs[0]["documents"], docs[0]["bytes"]) for d in docs):
                 return t, "(different text)"
             mean_bits = [[statistics.mean(v) for v in zip(*(d["bits"] for d in part))]
                          for part in (docs[:len(seeds)], docs[len(seeds):])]
-            q = paired_bootstrap(*mean_bits, docs[0]["bytes"])
+            try:
+                q = paired_bootstrap(*mean_bits, docs[0]["bytes"])
+            except ValueError:  # fewer than two documents
+                return t, "—"
             return t, f"{q['mean']:+.4f} [{q['lo']:+.4f}, {q['hi']:+.4f}]{' tie' if q['tie'] else ''}"
 
         for arm in sorted(by, key=lambda a: statistics.mean(r["test"]["bpb"] for r in by[a].values())):

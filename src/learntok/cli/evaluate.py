@@ -68,7 +68,8 @@ class EvalArgs:
     max_bytes: int = 0
     """Held-out bytes to evaluate (0 = the whole split)."""
     skip_bytes: int = 0
-    """Leave out the split's first N bytes (rounded up to whole sequences): score text no earlier screen read."""
+    """Leave out the split's first N bytes (rounded up to whole sequences) from held-out BPB, boundary statistics
+    and diagnostics: score text no earlier screen read (--rate-sweep still reads the first --sweep-bytes)."""
     per_document: bool = False
     """Also store each document's held-out bits and bytes in eval.json, for `learntok compare --paired` (one
     boundary draw only)."""

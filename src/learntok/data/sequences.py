@@ -65,8 +65,9 @@ class ByteSequences:
     def document_spans(self, i: int) -> list[tuple[int, int, int]]:
         """(document, first target position, bytes) of each document's bytes in window i: target j of the
         window (the byte that position j predicts) is byte j of the window, so a document's bytes are targets
-        pos .. pos + bytes - 1; EOS separators belong to no document."""
-        return [(d, pos, n) for d, _, n, pos in self._pieces(i)]
+        pos .. pos + bytes - 1; EOS separators belong to no document, and a document with no bytes in the
+        window has no span."""
+        return [(d, pos, n) for d, _, n, pos in self._pieces(i) if n > 0]
 
     def _pieces(self, i: int) -> list[tuple[int, int, int, int]]:
         """Where window i comes from: (document, first byte in it, bytes, position in the window) per piece;
@@ -190,14 +191,15 @@ def val_batches(seqs: ByteSequences, batch_size: int, max_bytes: int) -> list[to
     return [ids for ids, _ in val_batches_with_flags(seqs, batch_size, max_bytes)]
 
 
-def val_batches_with_flags(seqs: ByteSequences, batch_size: int,
-                           max_bytes: int) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
-    """As `val_batches`, each batch paired with its prescribed boundary flags (or None)."""
+def val_batches_with_flags(seqs: ByteSequences, batch_size: int, max_bytes: int,
+                           first: int = 0) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """As `val_batches` (from sequence `first` on), each batch paired with its prescribed boundary flags (or
+    None)."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
-    n = min(len(seqs), max(1, max_bytes // seqs.seq_len))
+    n = first + min(len(seqs) - first, max(1, max_bytes // seqs.seq_len))
     out = []
-    for i in range(0, n, batch_size):
+    for i in range(first, n, batch_size):
         idx = np.arange(i, min(i + batch_size, n))
         flags = seqs.flag_batch(idx)
         out.append((torch.from_numpy(seqs.batch(idx)), None if flags is None else torch.from_numpy(flags)))

@@ -181,7 +181,7 @@ def paired_bpb(path_a: str | Path, path_b: str | Path, *, resamples: int = 10_00
                          "a paired comparison needs the same text, sequence length and range")
     res = paired_bootstrap(a["per_document"]["bits"], b["per_document"]["bits"], a["per_document"]["bytes"],
                            resamples=resamples, seed=seed)
-    return {"a": runs[0]["run"], "b": runs[1]["run"], "bpb_a": a["bpb"], "bpb_b": b["bpb"], "data": a.get("data"),
+    return {"a": str(path_a), "b": str(path_b), "bpb_a": a["bpb"], "bpb_b": b["bpb"], "data": a.get("data"),
             "split": a.get("split"), "bytes": a["bytes"], **res}
 
 

@@ -170,7 +170,7 @@ def evaluate_model(cfg, model, opts: EvalConfig, log: Callable[[str], None] = pr
         if bm.mode == "sample" and bm.draws == 1 and not getattr(model, "predicts_tokens", False):
             # own vs rate-0 vs random boundaries on the same bytes (a U-Net's token stack; not the BPE baseline)
             diag_bytes = min(DIAGNOSTIC_BYTES, max_bytes or DIAGNOSTIC_BYTES)
-            batches = val_batches_with_flags(seqs, opts.batch_size, diag_bytes)
+            batches = val_batches_with_flags(seqs, opts.batch_size, diag_bytes, first=res["first_sequence"])
             report["diagnostics"] = boundary_diagnostics(model, batches, next(model.parameters()).device, bm.seed)
     report["seconds"] = time.perf_counter() - t0
     report["threads"] = torch.get_num_threads()
