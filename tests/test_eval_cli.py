@@ -251,7 +251,9 @@ def test_compare_paired_bootstraps_the_difference_over_documents(runs, tmp_path,
     p = json.loads((tmp_path / "paired.json").read_text())
     a, b = (read_eval(paths[n])["heldout"] for n in ("learned", "whitespace"))
     assert p["mean"] == pytest.approx(a["bpb"] - b["bpb"], abs=1e-6) and p["lo"] <= p["mean"] <= p["hi"]
-    assert p["units"] == len(a["per_document"]["documents"]) >= 2 and "paired bootstrap over" in line
+    # two documents: too few to resample, so the units are the held-out sequences
+    assert len(a["per_document"]["documents"]) == 2 and (p["unit"], p["units"]) == ("sequences", a["sequences"])
+    assert f"paired bootstrap over {a['sequences']} sequences" in line
     # Different bytes, no per-document scores, or not two runs: exit 2 with one line.
     assert cmd_eval([str(runs["whitespace"]), *base, "--skip-bytes", "64", "--out", str(tmp_path / "s.json")]) == 0
     assert cmd_eval([str(runs["whitespace"]), "--tasks", "none", "--max-bytes", "384", "--no-progress",

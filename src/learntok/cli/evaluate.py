@@ -242,7 +242,7 @@ class CompareArgs:
     """Directory for comparison.md, table1.csv, table3.csv (with --paired: paired.json)."""
     paired: bool = False
     """Two runs evaluated with `learntok eval --per-document` on the same text: their held-out BPB difference
-    with a 95 % paired bootstrap interval over documents."""
+    with a 95 % paired bootstrap interval over documents (over sequences when the text has fewer than 20)."""
     resamples: int = 10_000
     """Bootstrap resamples for --paired."""
     seed: int = 0

@@ -137,9 +137,10 @@ def heldout_bpb(model, seqs, bm: BoundaryMode, *, batch_size: int = 8, max_bytes
     earlier screens have read can be left out), counting byte targets only (not EOS separators), with the
     standard error over sequences. A sequence's boundary noise is keyed on its index in the split, so skipping
     does not change how a sequence is scored. `per_document` also returns each document's bits and bytes
-    within the scored range (the units of a paired bootstrap, `learntok.evaluation.stats.paired_bootstrap`;
-    one boundary draw only). `stats` (a BoundaryStats) collects the boundaries of the first draw, compared with
-    `references` (name -> ByteSequences whose flags are reference boundaries)."""
+    within the scored range, and each sequence's (the units of a paired bootstrap,
+    `learntok.evaluation.stats.paired_bootstrap`; one boundary draw only). `stats` (a BoundaryStats) collects
+    the boundaries of the first draw, compared with `references` (name -> ByteSequences whose flags are
+    reference boundaries)."""
     if skip_bytes < 0:
         raise ValueError(f"skip_bytes must be non-negative, got {skip_bytes}")
     first = -(-skip_bytes // seqs.seq_len)
@@ -197,6 +198,7 @@ def heldout_bpb(model, seqs, bm: BoundaryMode, *, batch_size: int = 8, max_bytes
         docs = sorted(doc_bits)
         out_d["per_document"] = {"documents": docs, "bits": [doc_bits[d] for d in docs],
                                  "bytes": [doc_bytes[d] for d in docs]}
+        out_d["per_sequence"] = {"bits": (-ll[0] / LN2).tolist(), "bytes": n_bytes.astype(int).tolist()}
     if bm.draws > 1:  # the plain average of the k per-sample BPBs, for reference
         out_d["bpb_mean_over_samples"] = float(np.mean([-row.sum() / LN2 / n_bytes.sum() for row in ll]))
     return out_d

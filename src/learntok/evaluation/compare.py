@@ -158,10 +158,16 @@ def compare(paths: list[str | Path], out_dir: str | Path) -> tuple[str, list[Pat
     return md, [out / "comparison.md", out / "table1.csv", out / "table3.csv"]
 
 
+MIN_DOCUMENTS = 20
+"""Fewer documents than this in the scored text (a corpus of a few long files): the bootstrap resamples
+sequences (blocks of seq_len bytes) instead."""
+
+
 def paired_bpb(path_a: str | Path, path_b: str | Path, *, resamples: int = 10_000, seed: int = 0) -> dict:
-    """Held-out BPB of run A − run B with a paired bootstrap interval over documents
-    (`learntok.evaluation.stats.paired_bootstrap`), from two eval.json files written with --per-document on the
-    same text. Raises ValueError if either lacks per-document scores or they scored different bytes."""
+    """Held-out BPB of run A − run B with a paired bootstrap interval over documents (over sequences when the
+    text has fewer than MIN_DOCUMENTS; `learntok.evaluation.stats.paired_bootstrap`), from two eval.json files
+    written with --per-document on the same text. Raises ValueError if either lacks per-document scores or they
+    scored different bytes."""
     from learntok.evaluation.stats import paired_bootstrap
 
     runs = [load_run_eval(p) for p in (path_a, path_b)]
@@ -179,15 +185,16 @@ def paired_bpb(path_a: str | Path, path_b: str | Path, *, resamples: int = 10_00
         diff = ", ".join(f"{k} {a.get(k)!r} vs {b.get(k)!r}" for k in same if a.get(k) != b.get(k))
         raise ValueError(f"{path_a} and {path_b} scored different held-out bytes ({diff or 'other documents'}): "
                          "a paired comparison needs the same text, sequence length and range")
-    res = paired_bootstrap(a["per_document"]["bits"], b["per_document"]["bits"], a["per_document"]["bytes"],
-                           resamples=resamples, seed=seed)
+    unit = "documents" if len(a["per_document"]["documents"]) >= MIN_DOCUMENTS else "sequences"
+    key = "per_document" if unit == "documents" else "per_sequence"
+    res = paired_bootstrap(a[key]["bits"], b[key]["bits"], a[key]["bytes"], resamples=resamples, seed=seed)
     return {"a": str(path_a), "b": str(path_b), "bpb_a": a["bpb"], "bpb_b": b["bpb"], "data": a.get("data"),
-            "split": a.get("split"), "bytes": a["bytes"], **res}
+            "split": a.get("split"), "bytes": a["bytes"], "unit": unit, **res}
 
 
 def format_paired(p: dict) -> str:
     """One line: the difference, its interval and the reading."""
     word = "tie" if p["tie"] else ("A better" if p["mean"] < 0 else "B better")
     return (f"held-out BPB {p['a']} − {p['b']}: {p['mean']:+.4f} [{p['lo']:+.4f}, {p['hi']:+.4f}] {word} "
-            f"({p['bpb_a']:.4f} vs {p['bpb_b']:.4f}; paired bootstrap over {p['units']} documents, {p['bytes']:,} "
+            f"({p['bpb_a']:.4f} vs {p['bpb_b']:.4f}; paired bootstrap over {p['units']} {p['unit']}, {p['bytes']:,} "
             f"bytes, {p['resamples']:,} resamples, {p['level']:.0%})")
