@@ -551,6 +551,8 @@ def levers_table(path: Path = RECORDS) -> str:
         lines.append(f"| `{arm}` | {len(a)} | {_cell([x['at']['0.2']['test']['bpb'] for x in a.values()])} | {diff} | "
                      f"{statistics.mean(x['bytes'] for x in a.values()) / 1e6:.2f} | "
                      f"{statistics.mean(x['train_seconds'] for x in a.values()):.0f} |")
+    if len(lines) == 2:
+        return "(no records yet: these arms have not been trained)\n"
     return "\n".join(lines) + "\n"
 
 
