@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -262,12 +261,9 @@ def cmd_compare(argv: list[str]) -> int:
             raise UsageError(f"learntok compare --paired: give exactly two runs, got {len(a.runs)}")
         p = paired_bpb(*a.runs, resamples=a.resamples, seed=a.seed)
         print(format_paired(p))
-        out = Path(a.out) / "paired.json"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(p, indent=2) + "\n")
-        tmp.replace(out)
-        print(f"written: {out}")
+        from learntok.evaluation.report import write_eval  # an atomic JSON write
+
+        print(f"written: {write_eval(Path(a.out) / 'paired.json', p)}")
         return 0
     md, paths = compare(list(a.runs), a.out)
     print(md)
