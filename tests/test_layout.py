@@ -17,7 +17,7 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src" / "learntok"
 
 LAYERS = (
-    ("foundations", ("version", "errors", "vocab", "bpb", "device", "records")),
+    ("foundations", ("version", "errors", "atomic", "vocab", "bpb", "device", "records")),
     ("nn", ("nn",)),
     ("data", ("data",)),
     ("boundaries", ("entropy_model", "boundaries")),

@@ -16,6 +16,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from learntok import atomic
+
 SCHEMA = 1
 REQUIRED = ("schema", "study", "arm", "seed", "command", "source", "provenance")
 SOURCES = {
@@ -118,11 +120,7 @@ def load(path: Path | str) -> list[dict]:
 
 def write(path: Path | str, records: list[dict]) -> None:
     """Replace the file's records atomically (a kill leaves the old file or the new one, never half)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(check(r), separators=(",", ":")) + "\n" for r in records))
-    os.replace(tmp, path)
+    atomic.write_text(path, "".join(json.dumps(check(r), separators=(",", ":")) + "\n" for r in records))
 
 
 def append(path: Path | str, record: dict) -> None:

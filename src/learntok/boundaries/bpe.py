@@ -34,7 +34,6 @@ import hashlib
 import json
 import logging
 import math
-import os
 import re
 import time
 import warnings
@@ -47,6 +46,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
+from learntok import atomic
 from learntok.boundaries.base import BoundaryConfig, BoundaryOutput, BoundaryStrategy
 from learntok.data.corpus import sample_documents
 from learntok.errors import MissingDependency
@@ -329,13 +329,9 @@ class BPEBoundaries(BoundaryStrategy):
                          search={str(v): r for v, r in tried.items()}, train_sha256=_digest(texts),
                          seconds=round(time.perf_counter() - t0, 2))
         if path is not None:  # atomic writes; every rank of a multi-process run trains the same tokenizer
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f"{TOKENIZER_FILE}.{os.getpid()}.tmp")
-            tok.save(str(tmp))
-            os.replace(tmp, path)
-            tmp = path.with_name(f"{META_FILE}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(self.meta, indent=2) + "\n")
-            os.replace(tmp, path.with_name(META_FILE))
+            with atomic.atomic_path(path) as tmp:
+                tok.save(str(tmp))
+            atomic.write_text(path.with_name(META_FILE), json.dumps(self.meta, indent=2) + "\n")
         logger.info("bpe: vocab %d, held-out rate %.4f (target %.3f), trained on %d bytes in %.1f s", self.vocab_size,
                     rate, self.target_rate, self.meta["train_bytes"], self.meta["seconds"])
 

@@ -22,6 +22,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from learntok import atomic
+
 RATE_CALIBRATION = "rate_calibration.json"
 """The calibration table's file in a run or model directory."""
 
@@ -169,12 +171,8 @@ class Calibration:
         return interp(torch.logit(rate.float()), [logit(r) for r in self.rates], list(self.offsets))
 
     def save(self, directory: str | Path) -> Path:
-        path = Path(directory) / RATE_CALIBRATION
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"rates": list(self.rates), "offsets": list(self.offsets), **self.info},
-                                  indent=2) + "\n")
-        tmp.replace(path)
-        return path
+        return atomic.write_text(Path(directory) / RATE_CALIBRATION, json.dumps(
+            {"rates": list(self.rates), "offsets": list(self.offsets), **self.info}, indent=2) + "\n")
 
     @staticmethod
     def load(directory: str | Path | None) -> Calibration | None:

@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from learntok import atomic
 from learntok.evaluation.tasks import TASKS
 
 SOURCES: dict[str, tuple[str, str | None, str]] = {
@@ -101,16 +101,14 @@ def write_task(task: str, rows: Iterable[dict], out_dir: Path) -> dict:
     """Convert `rows` and write the task's file atomically; returns its checksum entry."""
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / TASKS[task].filename
-    tmp = path.with_name(path.name + ".tmp")
     n = 0
-    with open(tmp, "w", encoding="utf-8") as f:
-        for i, row in enumerate(rows):
-            f.write(json.dumps(convert_row(task, dict(row), f"{task} row {i}"), ensure_ascii=False) + "\n")
-            n += 1
-    if n == 0:
-        tmp.unlink()
-        raise ValueError(f"{task}: the source has no rows")
-    os.replace(tmp, path)
+    with atomic.atomic_path(path) as tmp:
+        with open(tmp, "w", encoding="utf-8") as f:
+            for i, row in enumerate(rows):
+                f.write(json.dumps(convert_row(task, dict(row), f"{task} row {i}"), ensure_ascii=False) + "\n")
+                n += 1
+        if n == 0:
+            raise ValueError(f"{task}: the source has no rows")
     digest = sha256(path)
     name, config, split = SOURCES[task]
     return {"file": path.name, "sha256": digest, "rows": n, "source": f"{name}{':' + config if config else ''}",
@@ -150,9 +148,7 @@ def fetch(tasks: list[str], out_dir: Path, load: Callable[[str], Iterable[dict]]
         note = {True: "identical to the reference conversion", None: "",
                 False: "differs from the reference conversion (the upstream data may have changed)"}[entry["reference"]]
         log(f"{task}: {entry['rows']:,} rows -> {out_dir / entry['file']}" + (f"; {note}" if note else ""))
-        tmp = out_dir / (CHECKSUMS + ".tmp")
-        tmp.write_text(json.dumps(sums, indent=1) + "\n")
-        os.replace(tmp, out_dir / CHECKSUMS)
+        atomic.write_text(out_dir / CHECKSUMS, json.dumps(sums, indent=1) + "\n")
     return sums
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -14,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from learntok import atomic
 from learntok.data import ByteSequences, Corpus, is_prepared, iter_documents, load_split, val_batches_with_flags
 from learntok.evaluation.bpb import BoundaryMode, check_mode, heldout_bpb
 from learntok.evaluation.diagnostics import boundary_diagnostics
@@ -190,12 +190,7 @@ def _clean(x):
 
 def write_eval(path: str | Path, report: dict) -> Path:
     """Write eval.json atomically (NaN / inf as null)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(_clean(report), indent=2, allow_nan=False) + "\n")
-    os.replace(tmp, path)
-    return path
+    return atomic.write_text(path, json.dumps(_clean(report), indent=2, allow_nan=False) + "\n")
 
 
 SAME_EVAL = ("eval_version", "checkpoint", "mode", "limit", "asked_rate", "calibrated")

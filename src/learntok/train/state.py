@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 import torch
 import torch.distributed as tdist
 
+from learntok import atomic
 from learntok.checkpoint import clean_stale, find_checkpoint, load_checkpoint, save_checkpoint
 from learntok.config import TrainConfig, to_dict
 from learntok.data import BatchIterator
@@ -103,9 +103,7 @@ def truncate_metrics(out: Path, step: int) -> int:
             keep.append(line if line.endswith("\n") else line + "\n")
     if len(keep) == len(lines):
         return 0
-    tmp = out / "metrics.jsonl.tmp"
-    tmp.write_text("".join(keep))
-    os.replace(tmp, path)
+    atomic.write_text(path, "".join(keep))
     return len(lines) - len(keep)
 
 
@@ -136,9 +134,7 @@ def write_config(out: Path, cfg: TrainConfig, world: int, step: int = 0, log=pri
     info = {**run_info(), "world_size": world}
     sessions.append({"step": step, "data": cfg.data.source, "git_sha": info["git_sha"], "git_dirty": info["git_dirty"],
                      "time": info["time"]})
-    tmp = out / "config.json.tmp"
-    tmp.write_text(json.dumps({**to_dict(cfg), "run_info": {**info, "sessions": sessions}}, indent=2) + "\n")
-    os.replace(tmp, path)
+    atomic.write_text(path, json.dumps({**to_dict(cfg), "run_info": {**info, "sessions": sessions}}, indent=2) + "\n")
 
 
 def save_state(out: Path, model, wrapped, opt, batches: BatchIterator, state: TrainState, d: Dist, *, sharded: bool,

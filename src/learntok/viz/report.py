@@ -14,6 +14,7 @@ import json
 import time
 from pathlib import Path
 
+from learntok import atomic
 from learntok.draw import EVAL_SEED
 from learntok.viz.curves import FIGURES, PLOTTERS, RunMetrics, load_metrics
 from learntok.viz.mpl import figure_png
@@ -145,8 +146,4 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, **kw) -> Pa
     """Write the report (default RUN_DIR/report.html); returns its path."""
     path = Path(out) if out is not None else Path(run_dir) / "report.html"
     text = build_report(run_dir, **kw)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
-    return path
+    return atomic.write_text(path, text)
