@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from learntok.config import ModelConfig
-from learntok.nn.ngram import ngram_rows
+from learntok.nn.ngram import HashedNgrams, ngram_rows
 
 from .conftest import build_model
 from .test_generate import assert_cached_steps_equal_full_forward
@@ -26,6 +26,26 @@ def test_a_row_is_a_function_of_the_last_n_ids_only():
     assert torch.equal(ngram_rows(early, 4, 1000)[:, 13:], rows[:, 13:])  # nor further back than n - 1
     assert not torch.equal(ngram_rows(early, 4, 1000)[:, 10:13], rows[:, 10:13])
     assert rows.min() >= 0 and rows.max() < 1000 and len(rows.unique()) > 50  # spread over the table
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_the_fused_lookup_sums_each_size_row_and_its_gradient(sparse):
+    """HashedNgrams' one embedding_bag equals size-by-size lookups of ngram_rows, forward and backward."""
+    torch.manual_seed(0)
+    ngrams = HashedNgrams(6, (2, 3, 5), 50)
+    ngrams.emb.sparse = sparse
+    torch.nn.init.normal_(ngrams.emb.weight)
+    ids = torch.randint(0, 256, (2, 30))
+    w = ngrams.emb.weight.detach().clone().requires_grad_()
+    want = sum(w[i * 50 + ngram_rows(ids, n, 50)] for i, n in enumerate((2, 3, 5)))
+    got = ngrams(ids)
+    assert torch.allclose(got, want, atol=1e-6)
+    probe = torch.randn_like(want)
+    (want * probe).sum().backward()
+    (got * probe).sum().backward()
+    grad = ngrams.emb.weight.grad
+    assert grad.is_sparse == sparse
+    assert torch.allclose(grad.to_dense(), w.grad, atol=1e-5)
 
 
 def _ngram_model(tmp_path, strategy="learned", **kw):

@@ -27,12 +27,20 @@ BEFORE = 1023
 def ngram_rows(ids: torch.Tensor, n: int, table: int, before: int = BEFORE) -> torch.Tensor:
     """(B,T) ids -> (B,T) table rows of the n-grams ending at each position (`before`: the id of positions before
     a row's start, above every real id)."""
-    h = torch.full_like(ids, n, dtype=torch.long)
+    return _fold(_shifted(ids, n, before), n) % table
+
+
+def _shifted(ids: torch.Tensor, n: int, before: int) -> list[torch.Tensor]:
+    """[x_{t-j} + 1 for j = 0 .. n-1]: the row shifted right by j, `before` where it runs off the start."""
     T = ids.shape[1]
-    for j in range(n):  # x_{t-j}: the row shifted right by j, `before` where it runs off the start
-        x = F.pad(ids.long(), (j, 0), value=before)[:, :T]
-        h = (h * P + x + 1) % M
-    return h % table
+    return [F.pad(ids.long(), (j, 0), value=before)[:, :T] + 1 for j in range(n)]
+
+
+def _fold(shifted: list[torch.Tensor], n: int) -> torch.Tensor:
+    h = torch.full_like(shifted[0], n)
+    for x in shifted[:n]:
+        h = (h * P + x) % M
+    return h
 
 
 class HashedNgrams(nn.Module):
@@ -57,9 +65,11 @@ class HashedNgrams(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """(B,T) ids -> (B,T,D) the summed n-gram embeddings."""
-        rows = torch.stack([i * self.table + ngram_rows(ids, n, self.table, self.before)
-                            for i, n in enumerate(self.sizes)], -1)
-        return self.emb(rows).sum(-2)  # (B,T,sizes,D) -> (B,T,D)
+        shifted = _shifted(ids, self.span, self.before)  # shared by every size
+        rows = torch.stack([i * self.table + _fold(shifted, n) % self.table for i, n in enumerate(self.sizes)], -1)
+        # one fused gather-and-sum (no (B,T,sizes,D) tensor in forward or backward); sparse as the table is
+        out = F.embedding_bag(rows.reshape(-1, len(self.sizes)), self.emb.weight, mode="sum", sparse=self.emb.sparse)
+        return out.view(*ids.shape, -1)
 
     def last(self, recent: torch.Tensor) -> torch.Tensor:
         """(B,L) the newest ids of each row (recent[:, -1] the current one; BEFORE where a row has fewer) ->

@@ -171,14 +171,14 @@ def clip_gradients(params, max_norm: float) -> torch.Tensor:
     params = [p for p in params if p.grad is not None]
     if not any(p.grad.is_sparse for p in params):
         return torch.nn.utils.clip_grad_norm_(params, max_norm)
-    parts = [p.grad.coalesce().values() if p.grad.is_sparse else p.grad for p in params]
+    for p in params:  # coalesced once: a row read by several positions is one row (SparseAdam needs it so too)
+        if p.grad.is_sparse:
+            p.grad = p.grad.coalesce()
+    parts = [p.grad.values() if p.grad.is_sparse else p.grad for p in params]  # values(): a view when coalesced
     norm = torch.nn.utils.get_total_norm(parts)
     scale = (max_norm / (norm + 1e-6)).clamp(max=1.0)
-    for p in params:
-        if p.grad.is_sparse:
-            p.grad = p.grad.coalesce() * scale.to(p.grad.dtype)
-        else:
-            p.grad.mul_(scale.to(p.grad.dtype))
+    for g in parts:
+        g.mul_(scale.to(g.dtype))
     return norm
 
 
