@@ -330,7 +330,15 @@ def rates(which: str) -> callable:
     return block
 
 
-BLOCKS = {"rates": rates("table"), "rates-calibration": rates("calibration"), "rates-screen": rates("screen"),
+def allocation(records_file: str) -> callable:
+    def block() -> str:
+        script = _script("allocation")
+        return script.report(script.HERE / records_file)
+    return block
+
+
+BLOCKS = {"allocation": allocation("records.jsonl"), "allocation-preset": allocation("records-preset.jsonl"),
+          "rates": rates("table"), "rates-calibration": rates("calibration"), "rates-screen": rates("screen"),
           "rates-planted": rates("planted"), "rates-levers": rates("levers"), "rates-swap": rates("swap"),
           "embeddings-speed": embeddings_speed,
           "segment-speed": segment_speed, "segment-stats": segment_stats, "robustness": robustness_table,

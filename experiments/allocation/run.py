@@ -15,7 +15,8 @@ Budget: the total training FLOPs (learntok.model.flops, convention `total`: the 
 method's attention over its tokens are paid for. `--scale 4` is 4x it.
 
 Stage 1 sweeps width and depth (d_model with its heads, and the token-level depth n_mid, or the flat and BPE
-models' own depth) for every method, one seed, each cell at the budget (`learntok sweep`, one run directory per
+models' own depth) for each method in SWEPT (bpe, entropy and hnet take uniform's allocation), one seed, each cell
+at the budget (`learntok sweep`, one run directory per
 cell, resumable). Stage 2 sweeps the byte window, and the target rate for methods that have one, at stage 1's
 best width and depth. `best` reads both stages' validation BPB and prints the allocation each method trains
 with. `final` trains every method (and its n-gram variant, `--ngrams`) at its allocation with --seeds (5 for
@@ -69,6 +70,10 @@ HAS_RATE = ("learned", "uniform", "bpe", "entropy", "hnet")
 NGRAM_METHODS = ("learned", "uniform", "flat", "bpe-lm")
 """Methods whose n-gram variant `final --ngrams` trains (byte n-grams; token n-grams for bpe-lm)."""
 MANY_SEEDS = ("learned", "uniform", "flat", "bpe-lm")
+SWEPT = ("learned", "uniform", "whitespace", "flat", "bpe-lm")
+"""Methods with sweeps of their own: the targets' (learned against flat, bpe-lm, uniform and whitespace). The
+other U-Net strategies (bpe, entropy, hnet: reported, not targets) train with uniform's allocation, the same
+network at the same rate, which keeps the study near its 10-12 hours (a stage-1 cell costs about 5 minutes)."""
 
 WIDTH = "d-model,n-heads=96:2,128:2,192:3"
 DEPTH = {"flat": "n-mid=1,2,3", "bpe-lm": "n-mid=2,4,6"}
@@ -134,8 +139,9 @@ def _best_cell(out: Path, method: str, stage: int) -> dict[str, str] | None:
 
 def allocation(out: Path, method: str) -> dict[str, str]:
     """Stage 1's best width and depth and stage 2's best byte window (and rate); the preset's where a stage has
-    not run."""
-    return {**(_best_cell(out, method, 1) or {}), **(_best_cell(out, method, 2) or {})}
+    not run. A method outside SWEPT takes uniform's."""
+    source = method if method in SWEPT else "uniform"
+    return {**(_best_cell(out, source, 1) or {}), **(_best_cell(out, source, 2) or {})}
 
 
 def cmd_sweep(args) -> None:
@@ -268,10 +274,14 @@ def report(path: Path = RECORDS) -> str:
         def vs(arm: str, base: str, by: dict = by) -> tuple[str, str]:
             a, b = by.get(arm, {}), by.get(base, {})
             seeds = sorted(set(a) & set(b))
-            if arm == base or len(seeds) < 2:
+            if arm == base or not seeds:
                 return "—", "—"
-            p = paired_interval([a[s]["test"]["bpb"] - b[s]["test"]["bpb"] for s in seeds])
-            t = f"{p['mean']:+.4f} [{p['lo']:+.4f}, {p['hi']:+.4f}]{' tie' if p['tie'] else ''}"
+            diffs = [a[s]["test"]["bpb"] - b[s]["test"]["bpb"] for s in seeds]
+            if len(seeds) < 2:  # no interval over one seed: the difference, and the documents' bootstrap
+                t = f"{diffs[0]:+.4f} (1 seed)"
+            else:
+                p = paired_interval(diffs)
+                t = f"{p['mean']:+.4f} [{p['lo']:+.4f}, {p['hi']:+.4f}]{' tie' if p['tie'] else ''}"
             docs = [a[s]["test"]["per_document"] for s in seeds] + [b[s]["test"]["per_document"] for s in seeds]
             if any((d["documents"], d["bytes"]) != (docs[0]["documents"], docs[0]["bytes"]) for d in docs):
                 return t, "(different text)"
@@ -302,7 +312,7 @@ def main() -> None:
     s.add_argument("--data", type=Path, required=True)
     s.add_argument("--out", type=Path, default=Path("runs/alloc"))
     s.add_argument("--stage", type=int, choices=(1, 2), default=1)
-    s.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS))
+    s.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(SWEPT))
     s.add_argument("--seeds", type=int, nargs="+", default=[0])
     s.add_argument("--budget-bytes", type=float, default=BUDGET_BYTES, help="the reference bytes (a smoke test: 2e4)")
     b = sub.add_parser("best", help="the allocation each method trains with (chosen on validation)")
