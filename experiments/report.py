@@ -259,10 +259,10 @@ def readme_summary() -> str:
                f"{diff('learned-w1-vb', 'uniform')}; `learned-w1-vb` − a flat byte transformer "
                f"{diff('learned-w1-vb', 'flat')}; `learned-w1-vb` − a BPE transformer "
                f"{diff('learned-w1-vb', 'bpe-lm')}. "
-               "Learned tokenization beats neither the flat byte model nor BPE in any measurement here.")
-    any_rate = _script("rates").summary()
-    if any_rate:
-        out.append(any_rate)
+               "Learned tokenization beats neither the flat byte model nor BPE in any seeded measurement here.")
+    for line in (_script("allocation").summary(), _script("rates").summary()):
+        if line:
+            out.append(line)
     return "\n".join(textwrap.fill(x, 115, subsequent_indent="  ", break_on_hyphens=False) for x in out) + "\n"
 
 

@@ -246,7 +246,8 @@ def cmd_evaluate(args) -> None:
 
 
 def report(path: Path = RECORDS) -> str:
-    """Per budget (scale and match): each arm's test BPB, and its paired differences against flat and bpe-lm."""
+    """Per budget (scale and match): each arm's test BPB, and its paired differences against flat and bpe-lm
+    with the same embeddings (an n-gram arm against flat-ngrams and bpe-lm-ngrams)."""
     from learntok import records
     from learntok.evaluation.stats import paired_bootstrap, paired_interval
 
@@ -269,7 +270,8 @@ def report(path: Path = RECORDS) -> str:
                 f"{n_test:,} bytes after the first {SKIP_BYTES // 1024} KB; bootstrap: each document's bits averaged "
                 f"over the paired seeds.", "",
                 "| arm | seeds | test BPB | val BPB | total GFLOPs | train s | − flat (seeds, 95 % t) | "
-                "− flat (documents, bootstrap) | − bpe-lm (seeds, 95 % t) |", "|---|---|---|---|---|---|---|---|---|"]
+                "− flat (documents, bootstrap) | − bpe-lm (seeds, 95 % t) | − bpe-lm (documents, bootstrap) |",
+                "|---|---|---|---|---|---|---|---|---|---|"]
 
         def vs(arm: str, base: str, by: dict = by) -> tuple[str, str]:
             a, b = by.get(arm, {}), by.get(base, {})
@@ -295,14 +297,37 @@ def report(path: Path = RECORDS) -> str:
 
         for arm in sorted(by, key=lambda a: statistics.mean(r["test"]["bpb"] for r in by[a].values())):
             rs = list(by[arm].values())
-            flat_t, flat_b = vs(arm, "flat")
-            bpe_t, _ = vs(arm, "bpe-lm")
+            variant = "-ngrams" if arm.endswith("-ngrams") else ""  # against the baselines with the same lever
+            flat_t, flat_b = vs(arm, "flat" + variant)
+            bpe_t, bpe_b = vs(arm, "bpe-lm" + variant)
             out.append(f"| {arm} | {len(rs)} | {arms.mean_se([r['test']['bpb'] for r in rs])} | "
                        f"{arms.mean_se([r['val']['bpb'] for r in rs])} | "
                        f"{statistics.mean(r.get('flops_total', 0) for r in rs) / 1e9:.1f} | "
-                       f"{statistics.mean(r['train_seconds'] for r in rs):.0f} | {flat_t} | {flat_b} | {bpe_t} |")
+                       f"{statistics.mean(r['train_seconds'] for r in rs):.0f} | {flat_t} | {flat_b} | {bpe_t} | "
+                       f"{bpe_b} |")
         out.append("")
     return "\n".join(out)
+
+
+def summary(path: Path = HERE / "records-preset.jsonl") -> str | None:
+    """The README's line on the preset-allocation screen (one seed), or None without its records."""
+    from learntok import records
+
+    bpb = {r["arm"]: r["test"]["bpb"] for r in records.load(path) if r["seed"] == 0}
+    needed = [f"{m}{v}" for m in ("learned", "flat", "bpe-lm", "uniform") for v in ("", "-ngrams")]
+    if any(a not in bpb for a in needed):
+        return None
+
+    def d(a: str, b: str) -> str:
+        return f"{bpb[a] - bpb[b]:+.3f}"
+
+    return ("- A first screen of issue 30 (one seed, every method in the `small` preset's shape, matched *total* "
+            "training FLOPs: attention counted): test BPB, learned − flat byte transformer " + d("learned", "flat")
+            + ", learned − BPE transformer " + d("learned", "bpe-lm") + "; with hashed byte n-grams for both (token "
+            "n-grams for BPE) " + d("learned-ngrams", "flat-ngrams") + " and " + d("learned-ngrams", "bpe-lm-ngrams")
+            + "; learned − fixed patches " + d("learned", "uniform") + " / " + d("learned-ngrams", "uniform-ngrams")
+            + ". One seed and one shape: a lead, not yet a result ([§8](docs/results.md"
+            "#8-every-method-at-its-own-allocation)).")
 
 
 def main() -> None:
