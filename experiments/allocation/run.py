@@ -321,8 +321,9 @@ def summary(path: Path = HERE / "records-preset.jsonl") -> str | None:
     def d(a: str, b: str) -> str:
         return f"{bpb[a] - bpb[b]:+.3f}"
 
-    return ("- A first screen of issue 30 (one seed, every method in the `small` preset's shape, matched *total* "
-            "training FLOPs: attention counted): test BPB, learned − flat byte transformer " + d("learned", "flat")
+    return ("- A first screen of issue 30 (one seed, every method in the `small` preset's shape, in which flat spends "
+            "three times the U-Net's FLOPs per byte; matched *total* training FLOPs: attention counted): test BPB, "
+            "learned − flat byte transformer " + d("learned", "flat")
             + ", learned − BPE transformer " + d("learned", "bpe-lm") + "; with hashed byte n-grams for both (token "
             "n-grams for BPE) " + d("learned-ngrams", "flat-ngrams") + " and " + d("learned-ngrams", "bpe-lm-ngrams")
             + "; learned − fixed patches " + d("learned", "uniform") + " / " + d("learned-ngrams", "uniform-ngrams")
