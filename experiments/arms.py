@@ -34,6 +34,9 @@ ARMS: dict[str, list[str]] = {
     # its FLOPs-matched control: at target 0.2 the w = 1 policy's rate drifts to ~0.213 and overspends uniform's
     # FLOPs by 1.3-2.9 %; a target of 0.188 lands its realised rate near 0.2 (budgeted at 0.2, RATE_FREE)
     "learned-w1-vb-rate188": ["--policy-window", "1", "--value-baseline", "--target-rate", "0.188"],
+    # its FLOPs-matched control under the padded convention: trained on a FLOPs schedule until its FLOPs with
+    # padded token slots (every row as long as the step's longest) reach uniform's budget (FLOPS_CONVENTION)
+    "learned-w1-vb-padded": ["--policy-window", "1", "--value-baseline"],
     # K boundary samples per sequence with a leave-one-out baseline (a batch of 8 rows: 8/K distinct texts)
     "learned-k2": ["--policy-samples", "2"],
     "learned-k4": ["--policy-samples", "4"],
@@ -58,6 +61,10 @@ RATE_FREE = {"whitespace": None, "whitespace-ee": None, "flat": 1.0, "bpe-lm": 0
 (flat: every byte; bpe-lm: tokens per byte of the 4096-token BPE on enwiki's validation text, measured with
 learntok.boundaries.bpe.heldout_rate: 0.306; 8192 tokens give 0.272, 16384 give 0.246; learned-w1-vb-rate188
 sets its own lower --target-rate and is budgeted at uniform's 0.2, the rate it is meant to realise)."""
+FLOPS_CONVENTION = {"learned-w1-vb-padded": "6n-padded"}
+"""Arms matched in another FLOPs convention than the paper's (learntok.model.flops): they train on a FLOPs
+schedule until that convention's count reaches the budget (uniform's FLOPs, the same in every 6N convention:
+fixed patches pad nothing), instead of for the bytes their expected rate affords."""
 EVAL_BYTES = 262_144
 def arm_flags(name: str, rate: float) -> list[str]:
     flags = list(ARMS[name])
@@ -183,6 +190,11 @@ def run_arms(out: Path, data: Path, arms: list[str], seeds: list[int], *, study:
             if key[0] == "time":
                 res = train_arm(run, data, name, rate=rate, seed=seed, time_budget=time_budget, eval_every=eval_every)
                 budget = {"match": "time", "time_budget": float(time_budget)}
+            elif name in FLOPS_CONVENTION:
+                res = train_arm(run, data, name, rate=rate, seed=seed, eval_every=eval_every, flops_budget=key[1],
+                                flops_convention=FLOPS_CONVENTION[name])
+                budget = {"match": "flops", "flops_budget": key[1], "budget_bytes": budget_bytes,
+                          "flops_convention": FLOPS_CONVENTION[name]}
             else:
                 res = train_arm(run, data, name, rate=rate, seed=seed, eval_every=eval_every,
                                 max_bytes=key[1] / flops_per_byte(name, rate))

@@ -4,6 +4,7 @@ wall-clock.
 
     python experiments/allocation/run.py sweep --data DATA/enwiki --out runs/alloc              # stage 1, seed 0
     python experiments/allocation/run.py sweep --data DATA/enwiki --out runs/alloc --stage 2    # at stage 1's best
+    python experiments/allocation/run.py collect --out runs/alloc       # the cells' records into records-sweep.jsonl
     python experiments/allocation/run.py best --out runs/alloc                                  # chosen on validation
     python experiments/allocation/run.py final --data DATA/enwiki --out runs/alloc --scale 1
     python experiments/allocation/run.py final --data DATA/enwiki --out runs/alloc --scale 1 --clock
@@ -75,7 +76,10 @@ SWEPT = ("learned", "uniform", "whitespace", "flat", "bpe-lm")
 other U-Net strategies (bpe, entropy, hnet: reported, not targets) train with uniform's allocation, the same
 network at the same rate, which keeps the study near its 10-12 hours (a stage-1 cell costs about 5 minutes)."""
 
-WIDTH = "d-model,n-heads=96:2,128:2,192:3"
+WIDTH = {"flat": "d-model,n-heads=64:2,96:2,128:2,192:3"}
+"""Stage 1's width axis per method (d_model with its heads; default: 96, 128 and 192). Flat's reaches down to 64:
+its first grid's best width was its narrowest, 96."""
+DEFAULT_WIDTH = "d-model,n-heads=96:2,128:2,192:3"
 DEPTH = {"flat": "n-mid=1,2,3", "bpe-lm": "n-mid=2,4,6"}
 """Stage 1's depth axis per method (the U-Net's token-level layers by default)."""
 UNET_DEPTH = "n-mid=2,3,5"
@@ -111,7 +115,7 @@ def _sweep_dir(out: Path, method: str, stage: int) -> Path:
 def _axes(method: str, stage: int) -> list[str]:
     """The --axis specs of a method's sweep stage (stage 2: none for flat and bpe-lm)."""
     if stage == 1:
-        return [WIDTH, DEPTH.get(method, UNET_DEPTH)]
+        return [WIDTH.get(method, DEFAULT_WIDTH), DEPTH.get(method, UNET_DEPTH)]
     axes = [] if method in ("flat", "bpe-lm") else ["byte-window=4,8,16"]
     return axes + (["target-rate=0.15,0.2,0.25"] if method in HAS_RATE else [])
 
@@ -135,6 +139,18 @@ def _best_cell(out: Path, method: str, stage: int) -> dict[str, str] | None:
         groups.setdefault(json.dumps(r["axes"], sort_keys=True), []).append(r)
     best = min(groups, key=lambda g: statistics.mean(r["val_bpb"] for r in groups[g]))
     return json.loads(best)
+
+
+def edges(out: Path, method: str, stage: int) -> list[str]:
+    """The axes (by their first flag) whose best point is the first or last of the grid: the optimum may lie
+    beyond it, so the axis should be extended before its best is trusted."""
+    from learntok.cli.sweep import parse_axes
+
+    best = _best_cell(out, method, stage)
+    if not best:
+        return []
+    return [f"{flags[0]}={best[flags[0]]}" for flags, points in parse_axes(tuple(_axes(method, stage)))
+            if len(points) > 1 and tuple(best[f] for f in flags) in (points[0], points[-1])]
 
 
 def allocation(out: Path, method: str) -> dict[str, str]:
@@ -164,9 +180,45 @@ def cmd_sweep(args) -> None:
         subprocess.run(cmd, check=True)
 
 
+SWEEP_RECORDS = HERE / "records-sweep.jsonl"
+
+
+def cmd_collect(args) -> None:
+    """Copy every sweep cell's record (OUT/sweep{stage}-{method}/sweep.jsonl) into the committed records file,
+    each tagged with its method and stage; the file is rewritten whole, so collecting again adds new cells."""
+    from learntok import records
+
+    rows = []
+    for path in sorted(args.out.glob("sweep[12]-*/sweep.jsonl")):
+        stage, method = path.parent.name.removeprefix("sweep").split("-", 1)
+        rows += [{**r, "method": method, "stage": int(stage)} for r in records.load(path)]
+    records.write(args.results, rows)
+    print(f"{len(rows)} sweep cells -> {args.results}")
+
+
+def sweep_table(path: Path = SWEEP_RECORDS) -> str:
+    """Validation BPB of every sweep cell: per method and stage, one row per cell, best first."""
+    from learntok import records
+
+    rows = records.load(path)
+    if not rows:
+        return "(no sweep cells yet)\n"
+    out = ["| method | stage | cell | val BPB | MB trained | total GFLOPs | train s |", "|---|---|---|---|---|---|---|"]
+    for key in sorted({(r["method"], r["stage"]) for r in rows}, key=lambda k: (list(METHODS).index(k[0]), k[1])):
+        cells = sorted((r for r in rows if (r["method"], r["stage"]) == key), key=lambda r: r["val_bpb"])
+        for i, r in enumerate(cells):
+            name = ", ".join(f"{k} {v}" for k, v in r["axes"].items() if k != "n-heads")
+            out.append(f"| {key[0] if i == 0 else ''} | {key[1] if i == 0 else ''} | {name} | "
+                       f"{'**' if i == 0 else ''}{r['val_bpb']:.4f}{'**' if i == 0 else ''} | {r['bytes'] / 1e6:.2f} | "
+                       f"{r['flops_total'] / 1e9:.0f} | {r['train_seconds']:.0f} |")
+    return "\n".join(out) + "\n"
+
+
 def cmd_best(args) -> None:
     for method in METHODS:
-        print(f"{method}: {allocation(args.out, method) or '(no sweep yet: the preset)'}")
+        edge = [e for stage in (1, 2) for e in edges(args.out, method, stage)] if method in SWEPT else []
+        print(f"{method}: {allocation(args.out, method) or '(no sweep yet: the preset)'}"
+              + (f"; at the grid's edge: {', '.join(edge)} (extend the axis)" if edge else ""))
 
 
 def _arms(ngrams: bool) -> list[tuple[str, str, bool]]:
@@ -328,7 +380,19 @@ def summary(path: Path = HERE / "records-preset.jsonl") -> str | None:
             "n-grams for BPE) " + d("learned-ngrams", "flat-ngrams") + " and " + d("learned-ngrams", "bpe-lm-ngrams")
             + "; learned − fixed patches " + d("learned", "uniform") + " / " + d("learned-ngrams", "uniform-ngrams")
             + ". One seed and one shape: a lead, not yet a result ([§8](docs/results.md"
-            "#8-every-method-at-its-own-allocation)).")
+            "#8-every-method-at-its-own-allocation))" + _flat_so_far() + ".")
+
+
+def _flat_so_far() -> str:
+    """The README's caveat once flat's sweep has cells: its best validation BPB against learned's preset shape."""
+    from learntok import records
+
+    flat = [r["val_bpb"] for r in records.load(SWEEP_RECORDS) if r["method"] == "flat" and r["stage"] == 1]
+    learned = [r["val"]["bpb"] for r in records.load(HERE / "records-preset.jsonl") if r["arm"] == "learned"]
+    if not flat or not learned:
+        return ""
+    return (f"; but flat at its best width and depth so far (stage 1) is {min(flat) - learned[0]:+.3f} on "
+            "validation against learned in the preset's shape, so learned's own sweep decides")
 
 
 def main() -> None:
@@ -341,6 +405,9 @@ def main() -> None:
     s.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(SWEPT))
     s.add_argument("--seeds", type=int, nargs="+", default=[0])
     s.add_argument("--budget-bytes", type=float, default=BUDGET_BYTES, help="the reference bytes (a smoke test: 2e4)")
+    c = sub.add_parser("collect", help="copy the sweep cells' records into the repository")
+    c.add_argument("--out", type=Path, default=Path("runs/alloc"))
+    c.add_argument("--results", type=Path, default=SWEEP_RECORDS)
     b = sub.add_parser("best", help="the allocation each method trains with (chosen on validation)")
     b.add_argument("--out", type=Path, default=Path("runs/alloc"))
     f = sub.add_parser("final", help="every method at its allocation, with seeds, at budget x --scale")
@@ -364,7 +431,8 @@ def main() -> None:
     if args.cmd == "report":
         print(report(args.results))
     else:
-        {"sweep": cmd_sweep, "best": cmd_best, "final": cmd_final, "evaluate": cmd_evaluate}[args.cmd](args)
+        {"sweep": cmd_sweep, "collect": cmd_collect, "best": cmd_best, "final": cmd_final,
+         "evaluate": cmd_evaluate}[args.cmd](args)
 
 
 if __name__ == "__main__":
