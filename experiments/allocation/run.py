@@ -76,9 +76,9 @@ SWEPT = ("learned", "uniform", "whitespace", "flat", "bpe-lm")
 other U-Net strategies (bpe, entropy, hnet: reported, not targets) train with uniform's allocation, the same
 network at the same rate, which keeps the study near its 10-12 hours (a stage-1 cell costs about 5 minutes)."""
 
-WIDTH = {"flat": "d-model,n-heads=64:2,96:2,128:2,192:3"}
-"""Stage 1's width axis per method (d_model with its heads; default: 96, 128 and 192). Flat's reaches down to 64:
-its first grid's best width was its narrowest, 96."""
+WIDTH = {"flat": "d-model,n-heads=64:2,96:2,128:2,192:3", "learned": "d-model,n-heads=64:2,96:2,128:2,192:3"}
+"""Stage 1's width axis per method (d_model with its heads; default: 96, 128 and 192). Flat's and learned's reach
+down to 64: their first grids' best width was the narrowest, 96."""
 DEFAULT_WIDTH = "d-model,n-heads=96:2,128:2,192:3"
 DEPTH = {"flat": "n-mid=1,2,3", "bpe-lm": "n-mid=2,4,6"}
 """Stage 1's depth axis per method (the U-Net's token-level layers by default)."""
