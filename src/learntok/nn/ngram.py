@@ -37,6 +37,7 @@ def _shifted(ids: torch.Tensor, n: int, before: int) -> list[torch.Tensor]:
 
 
 def _fold(shifted: list[torch.Tensor], n: int) -> torch.Tensor:
+    """h_n(t) of the module docstring (before the table's modulus) from `_shifted`'s first n tensors."""
     h = torch.full_like(shifted[0], n)
     for x in shifted[:n]:
         h = (h * P + x) % M
