@@ -102,6 +102,7 @@ def train_arm(run: Path, data: Path, name: str, *, rate: float, seed: int, max_b
              *budget, *common, *(arm_flags(name, rate) if flags is None else flags)]
     args = ["train", "--resume", str(run), *common] if (run / "latest").exists() else fresh
     t0 = time.time()
+    run.parent.mkdir(parents=True, exist_ok=True)  # a fresh --out: the log lives beside the run
     with open(run.parent / f"{run.name}.log", "a") as log:  # not with_suffix: "2.4e+07" has a dot
         subprocess.run([sys.executable, "-m", "learntok", *args], check=True, stdout=log, stderr=subprocess.STDOUT)
     evals = load_metrics(run).evals
