@@ -43,6 +43,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import arms  # noqa: E402  (experiments/arms.py)
 
+from learntok import atomic  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
 RECORDS = HERE / "records.jsonl"
 STUDY = "allocation"
@@ -76,10 +78,11 @@ SWEPT = ("learned", "uniform", "whitespace", "flat", "bpe-lm")
 other U-Net strategies (bpe, entropy, hnet: reported, not targets) train with uniform's allocation, the same
 network at the same rate, which keeps the study near its 10-12 hours (a stage-1 cell costs about 5 minutes)."""
 
-WIDTH = {"flat": "d-model,n-heads=64:2,96:2,128:2,192:3", "learned": "d-model,n-heads=64:2,96:2,128:2,192:3"}
+DEFAULT_WIDTH = "d-model,n-heads=96:2,128:2,192:3"
+WIDE_DOWN = "d-model,n-heads=64:2,96:2,128:2,192:3"
+WIDTH = {"flat": WIDE_DOWN, "learned": WIDE_DOWN}
 """Stage 1's width axis per method (d_model with its heads; default: 96, 128 and 192). Flat's and learned's reach
 down to 64: their first grids' best width was the narrowest, 96."""
-DEFAULT_WIDTH = "d-model,n-heads=96:2,128:2,192:3"
 DEPTH = {"flat": "n-mid=1,2,3", "bpe-lm": "n-mid=2,4,6"}
 """Stage 1's depth axis per method (the U-Net's token-level layers by default)."""
 UNET_DEPTH = "n-mid=2,3,5"
@@ -265,7 +268,7 @@ def cmd_final(args) -> None:
             res = arms.train_arm(run, args.data, method, rate=RATE, seed=seed, flags=flags, **kw)
             res["flags"], res["method"], res["ngrams"] = flags, method, ngrams
             res["budget"] = {"scale": args.scale, "match": "time" if args.clock else "flops-total", **kw}
-            (run / "final.json").write_text(json.dumps(res, indent=1) + "\n")
+            atomic.write_text(run / "final.json", json.dumps(res, indent=1) + "\n")  # _trained reads it whole
             print(f"{run.name}: {res['bytes'] / 1e6:.2f} MB, {res.get('flops_total', 0):.3g} total FLOPs, "
                   f"{res['train_seconds']:.0f} s", flush=True)
 
@@ -365,7 +368,8 @@ def summary(path: Path = HERE / "records-preset.jsonl") -> str | None:
     """The README's line on the preset-allocation screen (one seed), or None without its records."""
     from learntok import records
 
-    bpb = {r["arm"]: r["test"]["bpb"] for r in records.load(path) if r["seed"] == 0}
+    rows = [r for r in records.load(path) if r["seed"] == 0]
+    bpb = {r["arm"]: r["test"]["bpb"] for r in rows}
     needed = [f"{m}{v}" for m in ("learned", "flat", "bpe-lm", "uniform") for v in ("", "-ngrams")]
     if any(a not in bpb for a in needed):
         return None
@@ -380,18 +384,19 @@ def summary(path: Path = HERE / "records-preset.jsonl") -> str | None:
             "n-grams for BPE) " + d("learned-ngrams", "flat-ngrams") + " and " + d("learned-ngrams", "bpe-lm-ngrams")
             + "; learned − fixed patches " + d("learned", "uniform") + " / " + d("learned-ngrams", "uniform-ngrams")
             + ". One seed and one shape: a lead, not yet a result ([§8](docs/results.md"
-            "#8-every-method-at-its-own-allocation))" + _flat_so_far() + ".")
+            "#8-every-method-at-its-own-allocation))"
+            + _flat_so_far(next(r["val"]["bpb"] for r in rows if r["arm"] == "learned")) + ".")
 
 
-def _flat_so_far() -> str:
-    """The README's caveat once flat's sweep has cells: its best validation BPB against learned's preset shape."""
+def _flat_so_far(learned_val: float) -> str:
+    """The README's caveat once flat's sweep has cells: its best validation BPB against learned's preset shape
+    (`learned_val`)."""
     from learntok import records
 
     flat = [r["val_bpb"] for r in records.load(SWEEP_RECORDS) if r["method"] == "flat" and r["stage"] == 1]
-    learned = [r["val"]["bpb"] for r in records.load(HERE / "records-preset.jsonl") if r["arm"] == "learned"]
-    if not flat or not learned:
+    if not flat:
         return ""
-    return (f"; but flat at its best width and depth so far (stage 1) is {min(flat) - learned[0]:+.3f} on "
+    return (f"; but flat at its best width and depth so far (stage 1) is {min(flat) - learned_val:+.3f} on "
             "validation against learned in the preset's shape, so learned's own sweep decides")
 
 

@@ -99,8 +99,7 @@ def sha256(path: Path) -> str:
 
 def write_task(task: str, rows: Iterable[dict], out_dir: Path) -> dict:
     """Convert `rows` and write the task's file atomically; returns its checksum entry."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / TASKS[task].filename
+    path = out_dir / TASKS[task].filename  # atomic_path makes out_dir
     n = 0
     with atomic.atomic_path(path) as tmp:
         with open(tmp, "w", encoding="utf-8") as f:
