@@ -4,10 +4,12 @@ paired statistics, the tables, and one resumable two-arm run end to end."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import statistics
 import sys
 from pathlib import Path
+from unittest.mock import ANY
 
 import pytest
 
@@ -213,3 +215,30 @@ def test_allocation_budget_flags_best_cell_and_report(tmp_path, monkeypatch):
     bad[-1]["test"]["per_document"]["documents"] = [0, 1, 5]
     records.write(path, bad)
     assert "(different text)" in alloc.report(path)
+
+
+def test_allocation_final_clock_matches_the_flat_arm_with_the_same_embeddings(tmp_path, monkeypatch):
+    """`final --clock` trains an n-gram arm for flat-ngrams' median seconds (not plain flat's), `--arms` trains
+    only the arms named, and a finished run is skipped."""
+    alloc = _allocation()
+    for arm, secs in (("flat", 50.0), ("flat-ngrams", 100.0)):
+        run = alloc._run_dir(tmp_path, arm, 1.0, False, 0)
+        run.mkdir()
+        (run / "final.json").write_text(json.dumps({"train_seconds": secs, "flags": []}))
+    calls = []
+
+    def train_arm(run, data, method, **kw):
+        calls.append((run.name, kw))
+        return {"bytes": 1.0, "train_seconds": kw["time_budget"], "command": "x", "provenance": {}}
+
+    monkeypatch.setattr(alloc.arms, "train_arm", train_arm)
+    args = ["final", "--data", str(tmp_path), "--out", str(tmp_path), "--seeds", "0", "--clock", "--ngrams",
+            "--arms", "learned-ngrams", "learned"]
+    monkeypatch.setattr(sys, "argv", ["run.py", *args])
+    alloc.main()
+    assert sorted(calls) == [("final-learned-ngrams-x1-clock-seed0", {"rate": 0.2, "seed": 0, "flags": ANY,
+                                                                       "time_budget": 100.0}),
+                             ("final-learned-x1-clock-seed0", {"rate": 0.2, "seed": 0, "flags": ANY,
+                                                               "time_budget": 50.0})]
+    alloc.main()  # both finished: nothing trains again
+    assert len(calls) == 2

@@ -15,20 +15,20 @@ Budget: the total training FLOPs (learntok.model.flops, convention `total`: the 
 6e6 bytes of `uniform` at rate 0.2 in the `small` preset's shape, so the flat model's full attention and every
 method's attention over its tokens are paid for. `--scale 4` is 4x it.
 
-Stage 1 sweeps width and depth (d_model with its heads, and the token-level depth n_mid, or the flat and BPE
-models' own depth) for each method in SWEPT (bpe, entropy and hnet take uniform's allocation), one seed, each cell
-at the budget (`learntok sweep`, one run directory per
-cell, resumable). Stage 2 sweeps the byte window, and the target rate for methods that have one, at stage 1's
-best width and depth. `best` reads both stages' validation BPB and prints the allocation each method trains
-with. `final` trains every method (and its n-gram variant, `--ngrams`) at its allocation with --seeds (5 for
-learned, uniform, flat and bpe-lm, 3 for the others by default) to the budget times --scale; with --clock each
-trains instead for the flat model's median training seconds at that scale (the matched wall-clock view; the flat
-arm's FLOPs runs must be finished first). `evaluate` scores every finished final run on the test split after
-its first 256 KB (which earlier screens read many times), 512 KB of it, per document, and on validation, into
+Stage 1 sweeps width and depth (d_model with its heads, and the token-level depth n_mid, or the flat and BPE models'
+own depth) for each method in SWEPT (bpe, entropy and hnet take uniform's allocation), one seed, each cell at the
+budget (`learntok sweep`, one run directory per cell, resumable). Stage 2 sweeps the byte window, and the target
+rate for methods that have one, at stage 1's best width and depth. `best` reads both stages' validation BPB and
+prints the allocation each method trains with. `final` trains every method (and its n-gram variant, `--ngrams`) at
+its allocation with --seeds (5 for learned, uniform, flat and bpe-lm, 3 for the others by default) to the budget
+times --scale; with --clock each trains instead for the median training seconds of the flat model with the same
+embeddings at that scale (the matched wall-clock view; that flat arm's FLOPs runs must be finished first); --arms
+picks some arms only. `evaluate` scores every finished final run on the test split after its first 256 KB (which
+earlier screens read many times), 512 KB of it, per document, and on validation, into
 experiments/allocation/records.jsonl. `report` prints the tables: test BPB per method, the paired t-interval over
-seeds against `flat` and `bpe-lm`, and a paired bootstrap over documents (each document's bits averaged over
-seeds) against them. Everything resumes: finished cells and runs are skipped, an interrupted one continues from
-its checkpoint. Settings are chosen on validation only.
+seeds against `flat` and `bpe-lm`, and a paired bootstrap over documents (each document's bits averaged over seeds)
+against them. Everything resumes: finished cells and runs are skipped, an interrupted one continues from its
+checkpoint. Settings are chosen on validation only.
 """
 
 from __future__ import annotations
@@ -244,7 +244,7 @@ def _trained(out: Path, arm: str, scale: float, clock: bool, seed: int) -> dict 
 def cmd_final(args) -> None:
     for seed in args.seeds:
         for arm, method, ngrams in _arms(args.ngrams):
-            if method not in args.methods:
+            if method not in args.methods or (args.arms and arm not in args.arms):
                 continue
             if seed not in (args.seeds if method in MANY_SEEDS else args.seeds[:args.few_seeds]):
                 continue
@@ -257,10 +257,11 @@ def cmd_final(args) -> None:
             if done:
                 continue
             if args.clock:
-                flat = [_trained(args.out, "flat", args.scale, False, s) for s in args.seeds]
+                ref = "flat-ngrams" if ngrams else "flat"  # the flat model with the same embeddings
+                flat = [_trained(args.out, ref, args.scale, False, s) for s in args.seeds]
                 secs = [f["train_seconds"] for f in flat if f]
                 if not secs:
-                    sys.exit("--clock: the flat arm's FLOPs runs at this scale must finish first")
+                    sys.exit(f"--clock: the {ref} arm's FLOPs runs at this scale must finish first")
                 kw = {"time_budget": statistics.median(secs)}
             else:
                 kw = {"flops_budget": budget(args.scale, args.budget_bytes), "flops_convention": "total"}
@@ -421,6 +422,7 @@ def main() -> None:
     f.add_argument("--scale", type=float, default=1.0)
     f.add_argument("--clock", action="store_true", help="train for the flat arm's seconds instead (matched time)")
     f.add_argument("--ngrams", action="store_true", help="also each n-gram variant")
+    f.add_argument("--arms", nargs="+", help="only these arms (e.g. learned-ngrams flat-ngrams); default: all")
     f.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS))
     f.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     f.add_argument("--budget-bytes", type=float, default=BUDGET_BYTES, help="the reference bytes (a smoke test: 2e4)")
