@@ -242,3 +242,26 @@ def test_allocation_final_clock_matches_the_flat_arm_with_the_same_embeddings(tm
                                                                "time_budget": 50.0})]
     alloc.main()  # both finished: nothing trains again
     assert len(calls) == 2
+
+
+def test_allocation_study_summary_pairs_seeds_and_names_shapes(tmp_path):
+    """The README's study line: paired over seeds per budget, a verdict from the interval, each method's shape
+    read from its flags; nothing until a pair has two seeds."""
+    alloc = _allocation()
+
+    def final(arm, seed, bpb, match="flops-total"):
+        method = arm.removesuffix("-ngrams")
+        return records.make("allocation", arm, seed, command="x", method=method, test={"bpb": bpb},
+                            flags=["--policy-window", "1", "--value-baseline", "--d-model", "64", "--n-mid", "2"]
+                            if method == "learned" else ["--boundaries", "flat", "--d-model", "96"],
+                            budget={"scale": 1.0, "match": match})
+
+    path = tmp_path / "records.jsonl"
+    records.write(path, [final("learned-ngrams", 0, 2.0), final("flat-ngrams", 0, 2.1)])
+    assert alloc.study_summary(path) is None  # one seed: no interval
+    records.write(path, [*records.load(path), final("learned-ngrams", 1, 2.05), final("flat-ngrams", 1, 2.2),
+                         final("learned-ngrams", 0, 2.3, "time"), final("flat-ngrams", 0, 2.2, "time")])
+    line = alloc.study_summary(path)
+    assert "learned d 64 × 2" in line and "flat d 96 × 3" in line
+    assert "learned-ngrams − flat-ngrams -0.125 [" in line and "(2 seeds; tie)" in line  # t(1) is wide
+    assert "wall-clock" not in line  # the clock budget has one seed only

@@ -365,10 +365,56 @@ def report(path: Path = RECORDS) -> str:
     return "\n".join(out)
 
 
+STUDY_PAIRS = (("learned-ngrams", "flat-ngrams"), ("learned-ngrams", "bpe-lm-ngrams"),
+               ("learned-ngrams", "uniform-ngrams"), ("learned", "flat"))
+"""The README's differences from the study, where both arms have at least two paired seeds."""
+
+
+def study_summary(path: Path = RECORDS) -> str | None:
+    """The README's line on the study (each method at its own allocation, seeds paired, test BPB after the
+    first 256 KB): per budget (scale and match), the differences in STUDY_PAIRS that have two or more seeds;
+    None before any."""
+    from learntok import records
+    from learntok.evaluation.stats import paired_interval
+
+    by: dict[tuple, dict[str, dict[int, float]]] = {}
+    shapes = {}
+    for r in records.load(path):
+        b = r["budget"]
+        f = r["flags"]
+        d, n = (f[f.index(k) + 1] if k in f else v for k, v in (("--d-model", "128"), ("--n-mid", "3")))
+        shapes[r["method"]] = f"{r['method']} d {d} × {n}"  # the preset's where the sweep kept it
+        by.setdefault((b["scale"], b["match"]), {}).setdefault(r["arm"], {})[r["seed"]] = r["test"]["bpb"]
+    parts = []
+    for (scale, match), arms_ in sorted(by.items()):
+        diffs = []
+        for a, b in STUDY_PAIRS:
+            seeds = sorted(set(arms_.get(a, {})) & set(arms_.get(b, {})))
+            if len(seeds) >= 2:
+                p = paired_interval([arms_[a][s] - arms_[b][s] for s in seeds])
+                verdict = "tie" if p["tie"] else ("learned better" if p["mean"] < 0 else "learned worse")
+                diffs.append(f"{a} − {b} {p['mean']:+.3f} [{p['lo']:+.3f}, {p['hi']:+.3f}] ({len(seeds)} seeds; "
+                             f"{verdict})")
+        if diffs:
+            view = "matched total training FLOPs (attention counted)" if match == "flops-total" else (
+                "matched wall-clock (the flat model's seconds)")
+            parts.append(f"at {scale:g}x the budget, {view}: " + "; ".join(diffs))
+    if not parts:
+        return None
+    return ("- Issue 30's study: each method at its best width × depth for the budget ("
+            + ", ".join(sorted(shapes.values())) + "; stage 1, chosen on validation), hashed byte n-grams (`-ngrams`) "
+            "as the lever, test BPB on text no earlier screen read, paired over seeds with 95 % t-intervals: "
+            + "; ".join(parts)
+            + " ([§8](docs/results.md#8-every-method-at-its-own-allocation)).")
+
+
 def summary(path: Path = HERE / "records-preset.jsonl") -> str | None:
-    """The README's line on the preset-allocation screen (one seed), or None without its records."""
+    """The README's line on issue 30: the study's once it has paired seeds, else the preset-allocation screen's
+    (one seed); None without either's records."""
     from learntok import records
 
+    if (line := study_summary()) is not None:
+        return line
     rows = [r for r in records.load(path) if r["seed"] == 0]
     bpb = {r["arm"]: r["test"]["bpb"] for r in rows}
     needed = [f"{m}{v}" for m in ("learned", "flat", "bpe-lm", "uniform") for v in ("", "-ngrams")]
