@@ -473,7 +473,8 @@ def main() -> None:
     f.add_argument("--scale", type=float, default=1.0)
     f.add_argument("--clock", action="store_true", help="train for the flat arm's seconds instead (matched time)")
     f.add_argument("--ngrams", action="store_true", help="also each n-gram variant")
-    f.add_argument("--arms", nargs="+", help="only these arms (e.g. learned-ngrams flat-ngrams); default: all")
+    f.add_argument("--arms", nargs="+", choices=[a for a, _, _ in _arms(True)],
+                   help="only these arms (e.g. learned-ngrams flat-ngrams); default: all")
     f.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS))
     f.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     f.add_argument("--budget-bytes", type=float, default=BUDGET_BYTES, help="the reference bytes (a smoke test: 2e4)")
