@@ -22,7 +22,8 @@ rate for methods that have one, at stage 1's best width and depth. `best` reads 
 prints the allocation each method trains with. `final` trains every method (and its n-gram variant, `--ngrams`) at
 its allocation with --seeds (5 for learned, uniform, flat and bpe-lm, 3 for the others by default) to the budget
 times --scale; with --clock each trains instead for the median training seconds of the flat model with the same
-embeddings at that scale (the matched wall-clock view; that flat arm's FLOPs runs must be finished first); --arms
+embeddings at that scale (the matched wall-clock view; that flat arm's FLOPs runs must be finished first, and
+they stand as its own matched-time runs: it is not trained twice for the same seconds); --arms
 picks some arms only. `evaluate` scores every finished final run on the test split after its first 256 KB (which
 earlier screens read many times), 512 KB of it, per document, and on validation, into
 experiments/allocation/records.jsonl. `report` prints the tables: test BPB per method, the paired t-interval over
@@ -241,6 +242,33 @@ def _trained(out: Path, arm: str, scale: float, clock: bool, seed: int) -> dict 
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def _reference(ngrams: bool) -> str:
+    """The arm whose FLOPs runs set `final --clock`'s seconds: the flat model with the same embeddings."""
+    return "flat-ngrams" if ngrams else "flat"
+
+
+def with_clock_references(rows: list[dict]) -> list[dict]:
+    """The records, plus each matched-time budget's reference arm (flat or flat-ngrams): its FLOPs-matched runs,
+    under that budget. The reference's median seconds are the clock, so it is not trained a second time for the
+    same seconds; each of its seeds ran within a few seconds of the median (the tables show its own seconds)."""
+    out = list(rows)
+    clocks = {(r["budget"]["scale"], r["budget"]["reference"]): r["budget"] for r in rows
+              if r["budget"]["match"] == "time" and "reference" in r["budget"]}
+    for r in rows:
+        b = r["budget"]
+        if b["match"] == "flops-total" and (b["scale"], r["arm"]) in clocks:
+            out.append({**r, "budget": clocks[b["scale"], r["arm"]], "clock_reference": True})
+    return out
+
+
+def _paired(a: dict[int, float], b: dict[int, float]) -> tuple[list[int], dict | None]:
+    """The seeds both arms have, and the paired 95 % t-interval of a − b over them (None under two seeds)."""
+    from learntok.evaluation.stats import paired_interval
+
+    seeds = sorted(set(a) & set(b))
+    return seeds, paired_interval([a[s] - b[s] for s in seeds]) if len(seeds) >= 2 else None
+
+
 def cmd_final(args) -> None:
     for seed in args.seeds:
         for arm, method, ngrams in _arms(args.ngrams):
@@ -256,8 +284,11 @@ def cmd_final(args) -> None:
                          f"{' '.join(flags)}: the seeds of one arm must train one model (use another --out)")
             if done:
                 continue
+            ref = _reference(ngrams)
+            if args.clock and arm == ref:
+                print(f"{arm}: its FLOPs runs set the clock and stand as its matched-time runs", flush=True)
+                continue
             if args.clock:
-                ref = "flat-ngrams" if ngrams else "flat"  # the flat model with the same embeddings
                 flat = [_trained(args.out, ref, args.scale, False, s) for s in args.seeds]
                 secs = [f["train_seconds"] for f in flat if f]
                 if not secs:
@@ -268,7 +299,8 @@ def cmd_final(args) -> None:
             print(f"training {run.name}", flush=True)
             res = arms.train_arm(run, args.data, method, rate=RATE, seed=seed, flags=flags, **kw)
             res["flags"], res["method"], res["ngrams"] = flags, method, ngrams
-            res["budget"] = {"scale": args.scale, "match": "time" if args.clock else "flops-total", **kw}
+            res["budget"] = {"scale": args.scale, "match": "time" if args.clock else "flops-total", **kw,
+                             **({"reference": ref} if args.clock else {})}
             atomic.write_text(run / "final.json", json.dumps(res, indent=1) + "\n")  # _trained reads it whole
             print(f"{run.name}: {res['bytes'] / 1e6:.2f} MB, {res.get('flops_total', 0):.3g} total FLOPs, "
                   f"{res['train_seconds']:.0f} s", flush=True)
@@ -305,9 +337,9 @@ def report(path: Path = RECORDS) -> str:
     """Per budget (scale and match): each arm's test BPB, and its paired differences against flat and bpe-lm
     with the same embeddings (an n-gram arm against flat-ngrams and bpe-lm-ngrams)."""
     from learntok import records
-    from learntok.evaluation.stats import paired_bootstrap, paired_interval
+    from learntok.evaluation.stats import paired_bootstrap
 
-    rows = records.load(path)
+    rows = with_clock_references(records.load(path))
     if not rows:
         return "(no records yet)\n"
     def key_of(r: dict) -> tuple:
@@ -331,14 +363,12 @@ def report(path: Path = RECORDS) -> str:
 
         def vs(arm: str, base: str, by: dict = by) -> tuple[str, str]:
             a, b = by.get(arm, {}), by.get(base, {})
-            seeds = sorted(set(a) & set(b))
+            seeds, p = _paired(*({s: r["test"]["bpb"] for s, r in x.items()} for x in (a, b)))
             if arm == base or not seeds:
                 return "—", "—"
-            diffs = [a[s]["test"]["bpb"] - b[s]["test"]["bpb"] for s in seeds]
-            if len(seeds) < 2:  # no interval over one seed: the difference, and the documents' bootstrap
-                t = f"{diffs[0]:+.4f} (1 seed)"
+            if p is None:  # no interval over one seed: the difference, and the documents' bootstrap
+                t = f"{a[seeds[0]]['test']['bpb'] - b[seeds[0]]['test']['bpb']:+.4f} (1 seed)"
             else:
-                p = paired_interval(diffs)
                 t = f"{p['mean']:+.4f} [{p['lo']:+.4f}, {p['hi']:+.4f}]{' tie' if p['tie'] else ''}"
             docs = [a[s]["test"]["per_document"] for s in seeds] + [b[s]["test"]["per_document"] for s in seeds]
             if any((d["documents"], d["bytes"]) != (docs[0]["documents"], docs[0]["bytes"]) for d in docs):
@@ -356,7 +386,8 @@ def report(path: Path = RECORDS) -> str:
             variant = "-ngrams" if arm.endswith("-ngrams") else ""  # against the baselines with the same lever
             flat_t, flat_b = vs(arm, "flat" + variant)
             bpe_t, bpe_b = vs(arm, "bpe-lm" + variant)
-            out.append(f"| {arm} | {len(rs)} | {arms.mean_se([r['test']['bpb'] for r in rs])} | "
+            name = f"{arm} (the clock: its FLOPs runs)" if rs[0].get("clock_reference") else arm
+            out.append(f"| {name} | {len(rs)} | {arms.mean_se([r['test']['bpb'] for r in rs])} | "
                        f"{arms.mean_se([r['val']['bpb'] for r in rs])} | "
                        f"{statistics.mean(r.get('flops_total', 0) for r in rs) / 1e9:.1f} | "
                        f"{statistics.mean(r['train_seconds'] for r in rs):.0f} | {flat_t} | {flat_b} | {bpe_t} | "
@@ -375,23 +406,24 @@ def study_summary(path: Path = RECORDS) -> str | None:
     first 256 KB): per budget (scale and match), the differences in STUDY_PAIRS that have two or more seeds;
     None before any."""
     from learntok import records
-    from learntok.evaluation.stats import paired_interval
+    from learntok.cli.train import parse_train_args
 
+    preset = parse_train_args(["--preset", "small"]).model
     by: dict[tuple, dict[str, dict[int, float]]] = {}
     shapes = {}
-    for r in records.load(path):
+    for r in with_clock_references(records.load(path)):
         b = r["budget"]
         f = r["flags"]
-        d, n = (f[f.index(k) + 1] if k in f else v for k, v in (("--d-model", "128"), ("--n-mid", "3")))
+        d, n = (f[f.index(k) + 1] if k in f else v for k, v in (("--d-model", preset.d_model),
+                                                                ("--n-mid", preset.n_mid)))
         shapes[r["method"]] = f"{r['method']} d {d} × {n}"  # the preset's where the sweep kept it
         by.setdefault((b["scale"], b["match"]), {}).setdefault(r["arm"], {})[r["seed"]] = r["test"]["bpb"]
     parts = []
     for (scale, match), arms_ in sorted(by.items()):
         diffs = []
         for a, b in STUDY_PAIRS:
-            seeds = sorted(set(arms_.get(a, {})) & set(arms_.get(b, {})))
-            if len(seeds) >= 2:
-                p = paired_interval([arms_[a][s] - arms_[b][s] for s in seeds])
+            seeds, p = _paired(arms_.get(a, {}), arms_.get(b, {}))
+            if p is not None:
                 verdict = "tie" if p["tie"] else ("learned better" if p["mean"] < 0 else "learned worse")
                 diffs.append(f"{a} − {b} {p['mean']:+.3f} [{p['lo']:+.3f}, {p['hi']:+.3f}] ({len(seeds)} seeds; "
                              f"{verdict})")
