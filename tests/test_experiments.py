@@ -219,8 +219,8 @@ def test_allocation_budget_flags_best_cell_and_report(tmp_path, monkeypatch):
 
 def test_allocation_final_clock_matches_the_flat_arm_with_the_same_embeddings(tmp_path, monkeypatch):
     """`final --clock` trains an n-gram arm for flat-ngrams' median seconds (not plain flat's) and records which
-    arm set the clock, does not train that reference again, `--arms` trains only the arms named, and a finished
-    run is skipped."""
+    arm set the clock, trains that reference again for them too, `--arms` trains only the arms named, and a
+    finished run is skipped."""
     alloc = _allocation()
     for arm, secs in (("flat", 50.0), ("flat-ngrams", 100.0)):
         run = alloc._run_dir(tmp_path, arm, 1.0, False, 0)
@@ -239,12 +239,14 @@ def test_allocation_final_clock_matches_the_flat_arm_with_the_same_embeddings(tm
     alloc.main()
     done = json.loads((alloc._run_dir(tmp_path, "learned-ngrams", 1.0, True, 0) / "final.json").read_text())
     assert done["budget"] == {"scale": 1.0, "match": "time", "time_budget": 100.0, "reference": "flat-ngrams"}
-    assert sorted(calls) == [("final-learned-ngrams-x1-clock-seed0", {"rate": 0.2, "seed": 0, "flags": ANY,
+    assert sorted(calls) == [("final-flat-ngrams-x1-clock-seed0", {"rate": 0.2, "seed": 0, "flags": ANY,
+                                                                    "time_budget": 100.0}),
+                             ("final-learned-ngrams-x1-clock-seed0", {"rate": 0.2, "seed": 0, "flags": ANY,
                                                                        "time_budget": 100.0}),
                              ("final-learned-x1-clock-seed0", {"rate": 0.2, "seed": 0, "flags": ANY,
                                                                "time_budget": 50.0})]
-    alloc.main()  # both finished: nothing trains again
-    assert len(calls) == 2
+    alloc.main()  # all finished: nothing trains again
+    assert len(calls) == 3
 
 
 def test_allocation_study_summary_pairs_seeds_and_names_shapes(tmp_path):
@@ -269,31 +271,3 @@ def test_allocation_study_summary_pairs_seeds_and_names_shapes(tmp_path):
     assert "learned-ngrams − flat-ngrams -0.125 [" in line and "(2 seeds; tie)" in line  # t(1) is wide
     assert "wall-clock" not in line  # the clock budget has one seed only
 
-
-def test_allocation_clock_reference_is_its_flops_runs(tmp_path):
-    """Under matched time the reference arm (the one whose seconds set the clock) is its FLOPs-matched runs: the
-    report and the README line pair the clock arms against them, and name them as such."""
-    alloc = _allocation()
-
-    def final(arm, seed, bpb, budget):
-        test = {"bpb": bpb, "bytes": 300, "per_document": {"documents": [0, 1, 2], "bits": [bpb * 100] * 3,
-                                                            "bytes": [100, 100, 100]}}
-        return records.make("allocation", arm, seed, command="x", method=arm.removesuffix("-ngrams"), flags=[],
-                            budget=budget, test=test, val={"bpb": bpb}, train_seconds=100.0, flops_total=1e9)
-
-    flops = {"scale": 1.0, "match": "flops-total", "flops_budget": 1.7e13}
-    clock = {"scale": 1.0, "match": "time", "time_budget": 100.0, "reference": "flat-ngrams"}
-    path = tmp_path / "records.jsonl"
-    records.write(path, [final("flat-ngrams", s, 2.0 + s / 10, flops) for s in range(3)]
-                  + [final("learned-ngrams", s, 1.8 + s / 10, flops) for s in range(3)]
-                  + [final("learned-ngrams", s, 1.9 + s / 10, clock) for s in range(3)])
-    line = alloc.study_summary(path)
-    assert "matched wall-clock (the flat model's seconds): learned-ngrams − flat-ngrams -0.100 [" in line
-    assert "matched total training FLOPs (attention counted): learned-ngrams − flat-ngrams -0.200 [" in line
-    table = alloc.report(path)
-    clock_part = table.split("matched time")[1]
-    row = next(x for x in clock_part.splitlines() if x.startswith("| learned-ngrams |"))
-    assert "-0.1000 [-0.1000, -0.1000]" in row
-    assert "| flat-ngrams (the clock: its FLOPs runs) | 3 |" in clock_part
-    records.write(path, [r for r in records.load(path) if r["budget"]["match"] == "flops-total"])
-    assert "wall-clock" not in alloc.study_summary(path) and "matched time" not in alloc.report(path)
