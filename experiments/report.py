@@ -248,7 +248,8 @@ def readme_summary() -> str:
                f"{100 * (max(over) / statistics.mean(base) - 1):.0f} % more training FLOPs. `learned-w1-vb` is the "
                "`small` preset's policy (an estimator biased for lower "
                "variance) with a one-boundary window and a learned baseline, not the paper's settings.")
-    study = _script("allocation").study_summary()
+    alloc = _script("allocation")
+    study = alloc.study_summary()
     timed = [r for r in _leaderboard() if r.get("match") == "time"]
     t = {(r["arm"], r["seed"]): r["test"]["bpb"] for r in timed}
 
@@ -264,7 +265,7 @@ def readme_summary() -> str:
                "byte model nor BPE in any seeded measurement here" + (
                    "; issue 30's study (next) measures each method at its own allocation, with n-grams."
                    if study else "."))
-    for line in (study or _script("allocation").summary(), _script("rates").summary()):
+    for line in (study or alloc.summary(), _script("rates").summary()):
         if line:
             out.append(line)
     return "\n".join(textwrap.fill(x, 115, subsequent_indent="  ", break_on_hyphens=False) for x in out) + "\n"

@@ -270,4 +270,3 @@ def test_allocation_study_summary_pairs_seeds_and_names_shapes(tmp_path):
     assert "learned d 64 × 2" in line and "flat d 96 × 3" in line
     assert "learned-ngrams − flat-ngrams -0.125 [" in line and "(2 seeds; tie)" in line  # t(1) is wide
     assert "wall-clock" not in line  # the clock budget has one seed only
-

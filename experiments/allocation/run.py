@@ -243,11 +243,6 @@ def _trained(out: Path, arm: str, scale: float, clock: bool, seed: int) -> dict 
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def _reference(ngrams: bool) -> str:
-    """The arm whose FLOPs runs set `final --clock`'s seconds: the flat model with the same embeddings."""
-    return "flat-ngrams" if ngrams else "flat"
-
-
 def _paired(a: dict[int, float], b: dict[int, float]) -> tuple[list[int], dict | None]:
     """The seeds both arms have, and the paired 95 % t-interval of a − b over them (None under two seeds)."""
     from learntok.evaluation.stats import paired_interval
@@ -271,7 +266,7 @@ def cmd_final(args) -> None:
                          f"{' '.join(flags)}: the seeds of one arm must train one model (use another --out)")
             if done:
                 continue
-            ref = _reference(ngrams)
+            ref = "flat-ngrams" if ngrams else "flat"  # the clock's: the flat model with the same embeddings
             if args.clock:  # the reference trains again too, beside the others: the CPU's speed drifts by hours
                 flat = [_trained(args.out, ref, args.scale, False, s) for s in args.seeds]
                 secs = [f["train_seconds"] for f in flat if f]
