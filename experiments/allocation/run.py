@@ -82,9 +82,10 @@ network at the same rate, which keeps the study near its 10-12 hours (a stage-1 
 
 DEFAULT_WIDTH = "d-model,n-heads=96:2,128:2,192:3"
 WIDE_DOWN = "d-model,n-heads=64:2,96:2,128:2,192:3"
-WIDTH = {"flat": WIDE_DOWN, "learned": WIDE_DOWN}
+WIDTH = {"flat": WIDE_DOWN, "learned": WIDE_DOWN, "bpe-lm": WIDE_DOWN}
 """Stage 1's width axis per method (d_model with its heads; default: 96, 128 and 192). Flat's and learned's reach
-down to 64: their first grids' best width was the narrowest, 96."""
+down to 64: their first grids' best width was the narrowest, 96. The BPE transformer's too, by the same rule: its
+first cells (d 96) already beat its preset's d 128."""
 DEPTH = {"flat": "n-mid=1,2,3", "bpe-lm": "n-mid=2,4,6"}
 """Stage 1's depth axis per method (the U-Net's token-level layers by default)."""
 UNET_DEPTH = "n-mid=2,3,5"
