@@ -247,6 +247,16 @@ def test_allocation_final_clock_matches_the_flat_arm_with_the_same_embeddings(tm
                                                                "time_budget": 50.0})]
     alloc.main()  # all finished: nothing trains again
     assert len(calls) == 3
+    monkeypatch.setattr(sys, "argv", ["run.py", *args[:-3], "learned-ngrams", "bpe-lm-ngrams", "--series", "b2"])
+    alloc.main()  # a new series trains learned-ngrams again, beside the arm it is now paired with
+    assert [c[0] for c in calls[3:]] == ["final-learned-ngrams-x1-clock-b2-seed0",
+                                         "final-bpe-lm-ngrams-x1-clock-b2-seed0"]
+    done = json.loads((alloc._run_dir(tmp_path, "bpe-lm-ngrams", 1.0, True, 0, "b2") / "final.json").read_text())
+    assert done["budget"]["series"] == "b2" and done["budget"]["time_budget"] == 100.0
+    for bad in (["--series", "b2"], ["--clock", "--series", "b/2"]):  # needs --clock; a name fit for a directory
+        monkeypatch.setattr(sys, "argv", ["run.py", "final", "--data", str(tmp_path), "--out", str(tmp_path), *bad])
+        with pytest.raises(SystemExit, match="--series"):
+            alloc.main()
 
 
 def test_allocation_study_summary_pairs_seeds_and_names_shapes(tmp_path):
@@ -270,3 +280,7 @@ def test_allocation_study_summary_pairs_seeds_and_names_shapes(tmp_path):
     assert "learned d 64 × 2" in line and "flat d 96 × 3" in line
     assert "learned-ngrams − flat-ngrams -0.125 [" in line and "(2 seeds; tie)" in line  # t(1) is wide
     assert "wall-clock" not in line  # the clock budget has one seed only
+    records.write(path, [*records.load(path), final("learned-ngrams", 1, 2.2, "time"),
+                         {**final("flat-ngrams", 1, 2.1, "time"), "budget": {"scale": 1.0, "match": "time",
+                                                                            "series": "b"}}])
+    assert "wall-clock" not in alloc.study_summary(path)  # a series pairs only among its own runs

@@ -25,8 +25,10 @@ times --scale; with --clock each trains instead for the median training seconds 
 embeddings at that scale (the matched wall-clock view; that flat arm's FLOPs runs must be finished first; it
 trains again for those seconds too, each seed beside the others', since this CPU's speed drifts by ±7 % over
 hours and a clock set by runs hours earlier would favour whichever arm ran at the faster time); --arms
-picks some arms only. `evaluate` scores every finished final run on the test split after its first 256 KB (which
-earlier screens read many times), 512 KB of it, per document, and on validation, into
+picks some arms only; `--clock --series NAME` trains a new set of clock runs paired only among themselves (e.g.
+learned-ngrams beside bpe-lm-ngrams, after the first set paired learned with flat). `evaluate` scores every
+finished final run on the test split after its first 256 KB (which earlier screens read many times), 512 KB of
+it, per document, and on validation, into
 experiments/allocation/records.jsonl. `report` prints the tables: test BPB per method, the paired t-interval over
 seeds against `flat` and `bpe-lm`, and a paired bootstrap over documents (each document's bits averaged over seeds)
 against them. Everything resumes: finished cells and runs are skipped, an interrupted one continues from its
@@ -235,12 +237,12 @@ def _arms(ngrams: bool) -> list[tuple[str, str, bool]]:
     return out
 
 
-def _run_dir(out: Path, arm: str, scale: float, clock: bool, seed: int) -> Path:
-    return out / f"final-{arm}-x{scale:g}{'-clock' if clock else ''}-seed{seed}"
+def _run_dir(out: Path, arm: str, scale: float, clock: bool, seed: int, series: str = "") -> Path:
+    return out / f"final-{arm}-x{scale:g}{'-clock' if clock else ''}{'-' + series if series else ''}-seed{seed}"
 
 
-def _trained(out: Path, arm: str, scale: float, clock: bool, seed: int) -> dict | None:
-    path = _run_dir(out, arm, scale, clock, seed) / "final.json"
+def _trained(out: Path, arm: str, scale: float, clock: bool, seed: int, series: str = "") -> dict | None:
+    path = _run_dir(out, arm, scale, clock, seed, series) / "final.json"
     return json.loads(path.read_text()) if path.exists() else None
 
 
@@ -253,15 +255,17 @@ def _paired(a: dict[int, float], b: dict[int, float]) -> tuple[list[int], dict |
 
 
 def cmd_final(args) -> None:
+    if args.series and (not args.clock or not args.series.isalnum()):
+        sys.exit(f"--series {args.series!r}: needs --clock and a name of letters and digits")
     for seed in args.seeds:
         for arm, method, ngrams in _arms(args.ngrams):
             if method not in args.methods or (args.arms and arm not in args.arms):
                 continue
             if seed not in (args.seeds if method in MANY_SEEDS else args.seeds[:args.few_seeds]):
                 continue
-            run = _run_dir(args.out, arm, args.scale, args.clock, seed)
+            run = _run_dir(args.out, arm, args.scale, args.clock, seed, args.series)
             flags = _flags(method, allocation(args.out, method), ngrams)[2:]  # train_arm adds --preset small
-            done = _trained(args.out, arm, args.scale, args.clock, seed)
+            done = _trained(args.out, arm, args.scale, args.clock, seed, args.series)
             if done and done["flags"] != flags:
                 sys.exit(f"{run} trained with {' '.join(done['flags'])}, but the allocation now gives "
                          f"{' '.join(flags)}: the seeds of one arm must train one model (use another --out)")
@@ -280,7 +284,8 @@ def cmd_final(args) -> None:
             res = arms.train_arm(run, args.data, method, rate=RATE, seed=seed, flags=flags, **kw)
             res["flags"], res["method"], res["ngrams"] = flags, method, ngrams
             res["budget"] = {"scale": args.scale, "match": "time" if args.clock else "flops-total", **kw,
-                             **({"reference": ref} if args.clock else {})}
+                             **({"reference": ref} if args.clock else {}),
+                             **({"series": args.series} if args.series else {})}
             atomic.write_text(run / "final.json", json.dumps(res, indent=1) + "\n")  # _trained reads it whole
             print(f"{run.name}: {res['bytes'] / 1e6:.2f} MB, {res.get('flops_total', 0):.3g} total FLOPs, "
                   f"{res['train_seconds']:.0f} s", flush=True)
@@ -314,8 +319,8 @@ def cmd_evaluate(args) -> None:
 
 
 def report(path: Path = RECORDS) -> str:
-    """Per budget (scale and match): each arm's test BPB, and its paired differences against flat and bpe-lm
-    with the same embeddings (an n-gram arm against flat-ngrams and bpe-lm-ngrams)."""
+    """Per budget (scale, match and clock series): each arm's test BPB, and its paired differences against flat
+    and bpe-lm with the same embeddings (an n-gram arm against flat-ngrams and bpe-lm-ngrams)."""
     from learntok import records
     from learntok.evaluation.stats import paired_bootstrap
 
@@ -324,7 +329,8 @@ def report(path: Path = RECORDS) -> str:
         return "(no records yet)\n"
     def key_of(r: dict) -> tuple:
         b = r["budget"]
-        return b["scale"], b["match"], float(f"{b.get('flops_budget') or b.get('time_budget'):.4g}")
+        return (b["scale"], b["match"], float(f"{b.get('flops_budget') or b.get('time_budget'):.4g}"),
+                b.get("series", ""))
 
     out = []
     for key in sorted({key_of(r) for r in rows}):
@@ -334,7 +340,8 @@ def report(path: Path = RECORDS) -> str:
             by.setdefault(r["arm"], {})[r["seed"]] = r
         n_test = sub[0]["test"]["bytes"]
         unit = "s" if key[1] == "time" else "FLOPs"
-        out += [f"Budget x{key[0]:g} of the reference ({key[2]:.4g} {unit}), matched {key[1]}; test BPB on "
+        series = f" (clock series {key[3]}: its arms trained beside each other)" if key[3] else ""
+        out += [f"Budget x{key[0]:g} of the reference ({key[2]:.4g} {unit}), matched {key[1]}{series}; test BPB on "
                 f"{n_test:,} bytes after the first {SKIP_BYTES // 1024} KB; bootstrap: each document's bits averaged "
                 f"over the paired seeds.", "",
                 "| arm | seeds | test BPB | val BPB | total GFLOPs | train s | − flat (seeds, 95 % t) | "
@@ -382,8 +389,8 @@ STUDY_PAIRS = (("learned-ngrams", "flat-ngrams"), ("learned-ngrams", "bpe-lm-ngr
 
 def study_summary(path: Path = RECORDS) -> str | None:
     """The README's line on the study (each method at its own allocation, seeds paired, test BPB after the
-    first 256 KB): per budget (scale and match), the differences in STUDY_PAIRS that have two or more seeds;
-    None before any."""
+    first 256 KB): per budget (scale, match and clock series), the differences in STUDY_PAIRS that have two or
+    more seeds; None before any."""
     from learntok import records
     from learntok.cli.train import parse_train_args
 
@@ -396,9 +403,10 @@ def study_summary(path: Path = RECORDS) -> str | None:
         d, n = (f[f.index(k) + 1] if k in f else v for k, v in (("--d-model", preset.d_model),
                                                                 ("--n-mid", preset.n_mid)))
         shapes[r["method"]] = f"{r['method']} d {d} × {n}"  # the preset's where the sweep kept it
-        by.setdefault((b["scale"], b["match"]), {}).setdefault(r["arm"], {})[r["seed"]] = r["test"]["bpb"]
+        key = b["scale"], b["match"], b.get("series", "")
+        by.setdefault(key, {}).setdefault(r["arm"], {})[r["seed"]] = r["test"]["bpb"]
     parts = []
-    for (scale, match), arms_ in sorted(by.items()):
+    for (scale, match, series), arms_ in sorted(by.items()):
         diffs = []
         for a, b in STUDY_PAIRS:
             seeds, p = _paired(arms_.get(a, {}), arms_.get(b, {}))
@@ -408,7 +416,7 @@ def study_summary(path: Path = RECORDS) -> str | None:
                              f"{verdict})")
         if diffs:
             view = "matched total training FLOPs (attention counted)" if match == "flops-total" else (
-                "matched wall-clock (the flat model's seconds)")
+                "matched wall-clock (the flat model's seconds" + (f", series {series})" if series else ")"))
             parts.append(f"at {scale:g}x the budget, {view}: " + "; ".join(diffs))
     if not parts:
         return None
@@ -483,6 +491,9 @@ def main() -> None:
     f.add_argument("--out", type=Path, default=Path("runs/alloc"))
     f.add_argument("--scale", type=float, default=1.0)
     f.add_argument("--clock", action="store_true", help="train for the flat arm's seconds instead (matched time)")
+    f.add_argument("--series", default="", help="with --clock: a new set of clock runs, paired only among "
+                   "themselves (run directories ...-clock-NAME-seedS), for arms that must train beside each other "
+                   "after the first set, e.g. learned-ngrams bpe-lm-ngrams")
     f.add_argument("--ngrams", action="store_true", help="also each n-gram variant")
     f.add_argument("--arms", nargs="+", choices=[a for a, _, _ in _arms(True)],
                    help="only these arms (e.g. learned-ngrams flat-ngrams); default: all")
