@@ -15,24 +15,24 @@ Budget: the total training FLOPs (learntok.model.flops, convention `total`: the 
 6e6 bytes of `uniform` at rate 0.2 in the `small` preset's shape, so the flat model's full attention and every
 method's attention over its tokens are paid for. `--scale 4` is 4x it.
 
-Stage 1 sweeps width and depth (d_model with its heads, and the token-level depth n_mid, or the flat and BPE models'
-own depth) for each method in SWEPT (bpe, entropy and hnet take uniform's allocation), one seed, each cell at the
-budget (`learntok sweep`, one run directory per cell, resumable). Stage 2 sweeps the byte window, and the target
-rate for methods that have one, at stage 1's best width and depth. `best` reads both stages' validation BPB and
-prints the allocation each method trains with. `final` trains every method (and its n-gram variant, `--ngrams`) at
-its allocation with --seeds (5 for learned, uniform, flat and bpe-lm, 3 for the others by default) to the budget
-times --scale; with --clock each trains instead for the median training seconds of the flat model with the same
-embeddings at that scale (the matched wall-clock view; that flat arm's FLOPs runs must be finished first; it
-trains again for those seconds too, each seed beside the others', since this CPU's speed drifts by ±7 % over
-hours and a clock set by runs hours earlier would favour whichever arm ran at the faster time); --arms
-picks some arms only; `--clock --series NAME` trains a new set of clock runs paired only among themselves (e.g.
-learned-ngrams beside bpe-lm-ngrams, after the first set paired learned with flat). `evaluate` scores every
-finished final run on the test split after its first 256 KB (which earlier screens read many times), 512 KB of
-it, per document, and on validation, into
-experiments/allocation/records.jsonl. `report` prints the tables: test BPB per method, the paired t-interval over
-seeds against `flat` and `bpe-lm`, and a paired bootstrap over documents (each document's bits averaged over seeds)
-against them. Everything resumes: finished cells and runs are skipped, an interrupted one continues from its
-checkpoint. Settings are chosen on validation only.
+Stage 1 sweeps width and depth (d_model with its heads, and the token-level depth n_mid, or the flat and BPE
+models' own depth) for each method in SWEPT (bpe, entropy and hnet take uniform's allocation), one seed, each cell
+at the budget (`learntok sweep`, one run directory per cell, resumable). Stage 2 sweeps the byte window, and the
+target rate for methods that have one (the BPE transformer: its vocabulary), at stage 1's best width and depth.
+`best` reads both stages' validation BPB and prints the allocation each method trains with. `final` trains every
+method (and its n-gram variant, `--ngrams`) at its allocation with --seeds (5 for learned, uniform, flat and
+bpe-lm, 3 for the others by default) to the budget times --scale; with --clock each trains instead for the median
+training seconds of the flat model with the same embeddings at that scale (the matched wall-clock view; that flat
+arm's FLOPs runs must be finished first; it trains again for those seconds too, each seed beside the others', since
+this CPU's speed drifts by ±7 % over hours and a clock set by runs hours earlier would favour whichever arm ran at
+the faster time); --arms picks some arms only; `--clock --series NAME` trains a new set of clock runs paired only
+among themselves (e.g. learned-ngrams beside bpe-lm-ngrams, after the first set paired learned with flat).
+`evaluate` scores every finished final run on the test split after its first 256 KB (which earlier screens read
+many times), 512 KB of it, per document, and on validation, into experiments/allocation/records.jsonl. `report`
+prints the tables: test BPB per method, the paired t-interval over seeds against `flat` and `bpe-lm`, and a paired
+bootstrap over documents (each document's bits averaged over seeds) against them. Everything resumes: finished
+cells and runs are skipped, an interrupted one continues from its checkpoint. Settings are chosen on validation
+only.
 """
 
 from __future__ import annotations
@@ -121,10 +121,12 @@ def _sweep_dir(out: Path, method: str, stage: int) -> Path:
 
 
 def _axes(method: str, stage: int) -> list[str]:
-    """The --axis specs of a method's sweep stage (stage 2: none for flat and bpe-lm)."""
+    """The --axis specs of a method's sweep stage (stage 2: none for flat; the vocabulary for bpe-lm)."""
     if stage == 1:
         return [WIDTH.get(method, DEFAULT_WIDTH), DEPTH.get(method, UNET_DEPTH)]
-    axes = [] if method in ("flat", "bpe-lm") else ["byte-window=4,8,16"]
+    if method == "bpe-lm":  # at d 64 its output layer is most of its FLOPs per token: a smaller one buys tokens
+        return ["bpe-vocab-size=1024,2048,4096"]
+    axes = [] if method == "flat" else ["byte-window=4,8,16"]
     return axes + (["target-rate=0.15,0.2,0.25"] if method in HAS_RATE else [])
 
 
@@ -421,8 +423,9 @@ def study_summary(path: Path = RECORDS) -> str | None:
     if not parts:
         return None
     return ("- Issue 30's study: each method at its best width × depth for the budget ("
-            + ", ".join(sorted(shapes.values())) + "; stage 1, chosen on validation), hashed byte n-grams (`-ngrams`) "
-            "as the lever, test BPB on text no earlier screen read, paired over seeds with 95 % t-intervals: "
+            + ", ".join(sorted(shapes.values())) + "; stage 1, chosen on validation), hashed byte n-grams (`-ngrams`"
+            + ("; token n-grams for BPE" if "bpe-lm" in shapes else "") + ") as the lever, test BPB on text no "
+            "earlier screen read, paired over seeds with 95 % t-intervals: "
             + "; ".join(parts)
             + " ([§8](docs/results.md#8-every-method-at-its-own-allocation)).")
 
