@@ -82,12 +82,9 @@ SWEPT = ("learned", "uniform", "whitespace", "flat", "bpe-lm")
 other U-Net strategies (bpe, entropy, hnet: reported, not targets) train with uniform's allocation, the same
 network at the same rate, which keeps the study near its 10-12 hours (a stage-1 cell costs about 5 minutes)."""
 
-DEFAULT_WIDTH = "d-model,n-heads=96:2,128:2,192:3"
-WIDE_DOWN = "d-model,n-heads=64:2,96:2,128:2,192:3"
-WIDTH = {"flat": WIDE_DOWN, "learned": WIDE_DOWN, "bpe-lm": WIDE_DOWN}
-"""Stage 1's width axis per method (d_model with its heads; default: 96, 128 and 192). Flat's and learned's reach
-down to 64: their first grids' best width was the narrowest, 96. The BPE transformer's too, by the same rule: its
-first cells (d 96) already beat its preset's d 128."""
+WIDTH = "d-model,n-heads=64:2,96:2,128:2,192:3"
+"""Stage 1's width axis (d_model with its heads). The first grids stopped at 96; flat's, learned's and the BPE
+transformer's best all lay at the narrow edge, so every method's grid reaches down to 64."""
 DEPTH = {"flat": "n-mid=1,2,3", "bpe-lm": "n-mid=2,4,6"}
 """Stage 1's depth axis per method (the U-Net's token-level layers by default)."""
 UNET_DEPTH = "n-mid=2,3,5"
@@ -123,7 +120,7 @@ def _sweep_dir(out: Path, method: str, stage: int) -> Path:
 def _axes(method: str, stage: int) -> list[str]:
     """The --axis specs of a method's sweep stage (stage 2: none for flat; the vocabulary for bpe-lm)."""
     if stage == 1:
-        return [WIDTH.get(method, DEFAULT_WIDTH), DEPTH.get(method, UNET_DEPTH)]
+        return [WIDTH, DEPTH.get(method, UNET_DEPTH)]
     if method == "bpe-lm":  # at d 64 its output layer is most of its FLOPs per token: a smaller one buys tokens
         return ["bpe-vocab-size=1024,2048,4096"]
     axes = [] if method == "flat" else ["byte-window=4,8,16"]
