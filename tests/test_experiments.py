@@ -269,7 +269,8 @@ def test_allocation_study_summary_pairs_seeds_and_names_shapes(tmp_path):
         return records.make("allocation", arm, seed, command="x", method=method, test={"bpb": bpb},
                             flags=["--policy-window", "1", "--value-baseline", "--d-model", "64", "--n-mid", "2"]
                             if method == "learned" else ["--boundaries", "flat", "--d-model", "96"],
-                            budget={"scale": 1.0, "match": match})
+                            budget={"scale": 1.0, "match": match,
+                                    ("time_budget" if match == "time" else "flops_budget"): 1e2})
 
     path = tmp_path / "records.jsonl"
     records.write(path, [final("learned-ngrams", 0, 2.0), final("flat-ngrams", 0, 2.1)])
@@ -282,5 +283,5 @@ def test_allocation_study_summary_pairs_seeds_and_names_shapes(tmp_path):
     assert "wall-clock" not in line  # the clock budget has one seed only
     records.write(path, [*records.load(path), final("learned-ngrams", 1, 2.2, "time"),
                          {**final("flat-ngrams", 1, 2.1, "time"), "budget": {"scale": 1.0, "match": "time",
-                                                                            "series": "b"}}])
+                                                                            "time_budget": 1e2, "series": "b"}}])
     assert "wall-clock" not in alloc.study_summary(path)  # a series pairs only among its own runs

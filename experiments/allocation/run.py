@@ -317,6 +317,12 @@ def cmd_evaluate(args) -> None:
         print(f"{run.name}: test BPB {scores['test']['bpb']:.4f} (val {scores['val']['bpb']:.4f})", flush=True)
 
 
+def _budget_key(r: dict) -> tuple[float, str, float, str]:
+    """What a final run's record is paired within: its scale, match, budget (FLOPs or seconds) and clock series."""
+    b = r["budget"]
+    return b["scale"], b["match"], float(f"{b.get('flops_budget') or b.get('time_budget'):.4g}"), b.get("series", "")
+
+
 def report(path: Path = RECORDS) -> str:
     """Per budget (scale, match and clock series): each arm's test BPB, and its paired differences against flat
     and bpe-lm with the same embeddings (an n-gram arm against flat-ngrams and bpe-lm-ngrams)."""
@@ -326,14 +332,9 @@ def report(path: Path = RECORDS) -> str:
     rows = records.load(path)
     if not rows:
         return "(no records yet)\n"
-    def key_of(r: dict) -> tuple:
-        b = r["budget"]
-        return (b["scale"], b["match"], float(f"{b.get('flops_budget') or b.get('time_budget'):.4g}"),
-                b.get("series", ""))
-
     out = []
-    for key in sorted({key_of(r) for r in rows}):
-        sub = [r for r in rows if key_of(r) == key]
+    for key in sorted({_budget_key(r) for r in rows}):
+        sub = [r for r in rows if _budget_key(r) == key]
         by = {}
         for r in sub:
             by.setdefault(r["arm"], {})[r["seed"]] = r
@@ -397,15 +398,13 @@ def study_summary(path: Path = RECORDS) -> str | None:
     by: dict[tuple, dict[str, dict[int, float]]] = {}
     shapes = {}
     for r in records.load(path):
-        b = r["budget"]
         f = r["flags"]
         d, n = (f[f.index(k) + 1] if k in f else v for k, v in (("--d-model", preset.d_model),
                                                                 ("--n-mid", preset.n_mid)))
         shapes[r["method"]] = f"{r['method']} d {d} × {n}"  # the preset's where the sweep kept it
-        key = b["scale"], b["match"], b.get("series", "")
-        by.setdefault(key, {}).setdefault(r["arm"], {})[r["seed"]] = r["test"]["bpb"]
+        by.setdefault(_budget_key(r), {}).setdefault(r["arm"], {})[r["seed"]] = r["test"]["bpb"]
     parts = []
-    for (scale, match, series), arms_ in sorted(by.items()):
+    for (scale, match, _, series), arms_ in sorted(by.items()):
         diffs = []
         for a, b in STUDY_PAIRS:
             seeds, p = _paired(arms_.get(a, {}), arms_.get(b, {}))
@@ -415,7 +414,7 @@ def study_summary(path: Path = RECORDS) -> str | None:
                              f"{verdict})")
         if diffs:
             view = "matched total training FLOPs (attention counted)" if match == "flops-total" else (
-                "matched wall-clock (the flat model's seconds" + (f", series {series})" if series else ")"))
+                f"matched wall-clock (the flat model's seconds{', series ' + series if series else ''})")
             parts.append(f"at {scale:g}x the budget, {view}: " + "; ".join(diffs))
     if not parts:
         return None
