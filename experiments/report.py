@@ -257,11 +257,10 @@ def readme_summary() -> str:
         d = [t[arm, s] - t[base, s] for (a, s) in t if a == arm and (base, s) in t]
         return _ci(d) + (" (tie)" if paired_interval(d)["tie"] else "")
 
-    out.append("- In the `small` preset's shape without n-grams, at matched time (600 s on 2 cores, 2 seeds, test "
-               f"BPB): `learned-w1-vb` − patches {diff('learned-w1-vb', 'uniform')}; − a flat byte transformer "
-               f"{diff('learned-w1-vb', 'flat')}; − a BPE transformer {diff('learned-w1-vb', 'bpe-lm')}: it beats "
-               "neither" + ("; issue 30's study (next) gives each method its own shape, and n-grams." if study
-                            else "."))
+    out.append(f"- Without n-grams, in the `small` preset's shape at matched time (600 s, 2 seeds, test BPB), "
+               f"`learned-w1-vb` beats neither baseline: − patches {diff('learned-w1-vb', 'uniform')}, − flat "
+               f"{diff('learned-w1-vb', 'flat')}, − BPE transformer {diff('learned-w1-vb', 'bpe-lm')}"
+               + (". Issue 30's study (next) gives each method its own shape, and n-grams." if study else "."))
     for line in (study or alloc.summary(), _script("rates").summary()):
         if line:
             out.append(line)

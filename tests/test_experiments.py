@@ -280,8 +280,17 @@ def test_allocation_study_summary_pairs_seeds_and_names_shapes(tmp_path):
     line = alloc.study_summary(path)
     assert "learned d 64 × 2" in line and "flat d 96 × 3" in line
     assert "learned-ngrams − flat-ngrams -0.125 [" in line and "(2 seeds; tie)" in line  # t(1) is wide
-    assert "wall-clock" not in line  # the clock budget has one seed only
+    assert "at matched total FLOPs (2 seeds; tie)" in line
+    assert "at matched wall-clock" not in line  # the clock budget has one seed only
     records.write(path, [*records.load(path), final("learned-ngrams", 1, 2.2, "time"),
                          {**final("flat-ngrams", 1, 2.1, "time"), "budget": {"scale": 1.0, "match": "time",
                                                                             "time_budget": 1e2, "series": "b"}}])
-    assert "wall-clock" not in alloc.study_summary(path)  # a series pairs only among its own runs
+    assert "at matched wall-clock" not in alloc.study_summary(path)  # a series pairs only among its own runs
+    series_b = {"scale": 1.0, "match": "time", "time_budget": 1e2, "series": "b"}
+    records.write(path, [*records.load(path), {**final("flat-ngrams", 0, 2.2, "time"), "budget": series_b},
+                         {**final("learned-ngrams", 0, 2.0, "time"), "budget": series_b},
+                         {**final("learned-ngrams", 1, 2.1, "time"), "budget": series_b},
+                         final("flat-ngrams", 1, 2.1, "time")])
+    line = alloc.study_summary(path)  # one pair's views together; two clock series of it are told apart
+    assert line.count("learned-ngrams − flat-ngrams") == 1
+    assert "at matched wall-clock (series a) (2 seeds" in line and "at matched wall-clock (series b) (2 seeds" in line

@@ -389,8 +389,8 @@ STUDY_PAIRS = (("learned-ngrams", "flat-ngrams"), ("learned-ngrams", "bpe-lm-ngr
 
 def study_summary(path: Path = RECORDS) -> str | None:
     """The README's line on the study (each method at its own allocation, seeds paired, test BPB after the
-    first 256 KB): per budget (scale, match and clock series), the differences in STUDY_PAIRS that have two or
-    more seeds; None before any."""
+    first 256 KB): each pair in STUDY_PAIRS with two or more paired seeds, under every view it has (scale, match
+    and clock series), one pair's views together; None before any."""
     from learntok import records
     from learntok.cli.train import parse_train_args
 
@@ -404,24 +404,26 @@ def study_summary(path: Path = RECORDS) -> str | None:
         shapes[r["method"]] = f"{r['method']} d {d} × {n}"  # the preset's where the sweep kept it
         by.setdefault(_budget_key(r), {}).setdefault(r["arm"], {})[r["seed"]] = r["test"]["bpb"]
     parts = []
-    for (scale, match, _, series), arms_ in sorted(by.items()):
-        diffs = []
-        for a, b in STUDY_PAIRS:
-            seeds, p = _paired(arms_.get(a, {}), arms_.get(b, {}))
-            if p is not None:
-                verdict = "tie" if p["tie"] else ("learned better" if p["mean"] < 0 else "learned worse")
-                diffs.append(f"{a} − {b} {p['mean']:+.3f} [{p['lo']:+.3f}, {p['hi']:+.3f}] ({len(seeds)} seeds; "
-                             f"{verdict})")
-        if diffs:
-            view = "matched total training FLOPs (attention counted)" if match == "flops-total" else (
-                f"matched wall-clock (the flat model's seconds{', series ' + series if series else ''})")
-            parts.append(f"at {scale:g}x the budget, {view}: " + "; ".join(diffs))
+    for a, b in STUDY_PAIRS:
+        found = [(key, *_paired(arms_.get(a, {}), arms_.get(b, {}))) for key, arms_ in by.items()]
+        found = sorted(((scale, match == "time", series, seeds, p) for (scale, match, _, series), seeds, p in found
+                        if p is not None), key=lambda x: x[:3])
+        views = []
+        for scale, clock, series, seeds, p in found:
+            twice = sum(1 for x in found if x[:2] == (scale, clock)) > 1  # a second clock series of one pair
+            named = f" (series {series or 'a'})" if twice else ""
+            views.append(f"{p['mean']:+.3f} [{p['lo']:+.3f}, {p['hi']:+.3f}] at matched "
+                         f"{'wall-clock' if clock else 'total FLOPs'}{named}"
+                         f"{f' ({scale:g}x the budget)' if scale != 1 else ''} ({len(seeds)} seeds; "
+                         f"{'tie' if p['tie'] else 'learned better' if p['mean'] < 0 else 'learned worse'})")
+        if views:
+            parts.append(f"{a} − {b} " + ", ".join(views))
     if not parts:
         return None
-    return ("- Issue 30's study: each method at its best width × depth for the budget ("
-            + ", ".join(sorted(shapes.values())) + "; stage 1, chosen on validation), hashed byte n-grams (`-ngrams`"
-            + ("; token n-grams for BPE" if "bpe-lm" in shapes else "") + ") as the lever, test BPB on text no "
-            "earlier screen read, paired over seeds with 95 % t-intervals: "
+    return ("- Issue 30's study, each method at its best width × depth for the budget (a sweep on validation: "
+            + ", ".join(sorted(shapes.values())) + "), with hashed n-gram embeddings (`-ngrams`"
+            + ("; token n-grams for BPE" if "bpe-lm" in shapes else "") + "), test BPB on text no earlier screen "
+            "read, paired over seeds (95 % t; FLOPs count attention, wall-clock is the flat model's seconds): "
             + "; ".join(parts)
             + " ([§8](docs/results.md#8-every-method-at-its-own-allocation)).")
 
