@@ -210,6 +210,10 @@ def test_allocation_budget_flags_best_cell_and_report(tmp_path, monkeypatch):
     table = alloc.report(path)
     row = next(line for line in table.splitlines() if line.startswith("| uniform |"))
     assert "-0.1000 [-0.1000, -0.1000]" in row and "tie" not in row  # every seed and document 0.1 better
+    records.write(path, [*records.load(path), *[final("learned", s, 1.85 + s / 10, [185 + 10 * s] * 3)
+                                                for s in range(3)]])
+    row = next(line for line in alloc.report(path).splitlines() if line.startswith("| uniform |"))
+    assert row.endswith("| -0.0500 [-0.0500, -0.0500] | -0.0500 [-0.0500, -0.0500] |")  # learned − uniform
     records.write(path, [*records.load(path)[:3], *[final("uniform", s, 1.9, [1.0, 2.0, 3.0]) for s in range(3)]])
     bad = records.load(path)
     bad[-1]["test"]["per_document"]["documents"] = [0, 1, 5]

@@ -74,8 +74,9 @@ METHODS: dict[str, list[str]] = {
 swept)."""
 HAS_RATE = ("learned", "uniform", "bpe", "entropy", "hnet")
 """Methods with a --target-rate (whitespace, flat and bpe-lm have their text's or their vocabulary's)."""
-NGRAM_METHODS = ("learned", "uniform", "flat", "bpe-lm")
-"""Methods whose n-gram variant `final --ngrams` trains (byte n-grams; token n-grams for bpe-lm)."""
+NGRAM_METHODS = tuple(METHODS)
+"""Methods whose n-gram variant `final --ngrams` trains: all (byte n-grams in the U-Net's encoder and the flat
+model; token n-grams for bpe-lm), so that every strategy meets learned-ngrams with the same lever."""
 MANY_SEEDS = ("learned", "uniform", "flat", "bpe-lm")
 SWEPT = ("learned", "uniform", "whitespace", "flat", "bpe-lm")
 """Methods with sweeps of their own: the targets' (learned against flat, bpe-lm, uniform and whitespace). The
@@ -325,7 +326,8 @@ def _budget_key(r: dict) -> tuple[float, str, float, str]:
 
 def report(path: Path = RECORDS) -> str:
     """Per budget (scale, match and clock series): each arm's test BPB, and its paired differences against flat
-    and bpe-lm with the same embeddings (an n-gram arm against flat-ngrams and bpe-lm-ngrams)."""
+    and bpe-lm, and learned's against it, each with the same embeddings (an n-gram arm against flat-ngrams and
+    bpe-lm-ngrams; learned-ngrams against it)."""
     from learntok import records
     from learntok.evaluation.stats import paired_bootstrap
 
@@ -345,8 +347,9 @@ def report(path: Path = RECORDS) -> str:
                 f"{n_test:,} bytes after the first {SKIP_BYTES // 1024} KB; bootstrap: each document's bits averaged "
                 f"over the paired seeds.", "",
                 "| arm | seeds | test BPB | val BPB | total GFLOPs | train s | − flat (seeds, 95 % t) | "
-                "− flat (documents, bootstrap) | − bpe-lm (seeds, 95 % t) | − bpe-lm (documents, bootstrap) |",
-                "|---|---|---|---|---|---|---|---|---|---|"]
+                "− flat (documents, bootstrap) | − bpe-lm (seeds, 95 % t) | − bpe-lm (documents, bootstrap) | "
+                "learned − it (seeds, 95 % t) | learned − it (documents, bootstrap) |",
+                "|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
         def vs(arm: str, base: str, by: dict = by) -> tuple[str, str]:
             a, b = by.get(arm, {}), by.get(base, {})
@@ -373,17 +376,18 @@ def report(path: Path = RECORDS) -> str:
             variant = "-ngrams" if arm.endswith("-ngrams") else ""  # against the baselines with the same lever
             flat_t, flat_b = vs(arm, "flat" + variant)
             bpe_t, bpe_b = vs(arm, "bpe-lm" + variant)
+            learned_t, learned_b = vs("learned" + variant, arm)
             out.append(f"| {arm} | {len(rs)} | {arms.mean_se([r['test']['bpb'] for r in rs])} | "
                        f"{arms.mean_se([r['val']['bpb'] for r in rs])} | "
                        f"{statistics.mean(r.get('flops_total', 0) for r in rs) / 1e9:.1f} | "
                        f"{statistics.mean(r['train_seconds'] for r in rs):.0f} | {flat_t} | {flat_b} | {bpe_t} | "
-                       f"{bpe_b} |")
+                       f"{bpe_b} | {learned_t} | {learned_b} |")
         out.append("")
     return "\n".join(out)
 
 
 STUDY_PAIRS = (("learned-ngrams", "flat-ngrams"), ("learned-ngrams", "bpe-lm-ngrams"),
-               ("learned-ngrams", "uniform-ngrams"), ("learned", "flat"))
+               ("learned-ngrams", "uniform-ngrams"), ("learned-ngrams", "whitespace-ngrams"), ("learned", "flat"))
 """The README's differences from the study, where both arms have at least two paired seeds."""
 
 
