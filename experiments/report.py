@@ -258,7 +258,7 @@ def readme_summary() -> str:
         return _ci(d) + (" (tie)" if paired_interval(d)["tie"] else "")
 
     out.append(f"- Without n-grams, in the `small` preset's shape at matched time (600 s, 2 seeds, test BPB), "
-               f"`learned-w1-vb` beats neither baseline: − patches {diff('learned-w1-vb', 'uniform')}, − flat "
+               f"`learned-w1-vb` beats none of the three: − patches {diff('learned-w1-vb', 'uniform')}, − flat "
                f"{diff('learned-w1-vb', 'flat')}, − BPE transformer {diff('learned-w1-vb', 'bpe-lm')}"
                + (". Issue 30's study (next) gives each method its own shape, and n-grams." if study else "."))
     for line in (study or alloc.summary(), _script("rates").summary()):
