@@ -27,12 +27,12 @@ arm's FLOPs runs must be finished first; it trains again for those seconds too, 
 this CPU's speed drifts by ±7 % over hours and a clock set by runs hours earlier would favour whichever arm ran at
 the faster time); --arms picks some arms only; `--clock --series NAME` trains a new set of clock runs paired only
 among themselves (e.g. learned-ngrams beside bpe-lm-ngrams, after the first set paired learned with flat).
-`evaluate` scores every finished final run on the test split after its first 256 KB (which earlier screens read
-many times), 512 KB of it, per document, and on validation, into experiments/allocation/records.jsonl. `report`
-prints the tables: test BPB per method, the paired t-interval over seeds against `flat` and `bpe-lm`, and a paired
-bootstrap over documents (each document's bits averaged over seeds) against them. Everything resumes: finished
-cells and runs are skipped, an interrupted one continues from its checkpoint. Settings are chosen on validation
-only.
+`evaluate` scores every finished final run on the test split after its first 256 KB (which earlier screens read many
+times), 512 KB of it, per document, and on validation, into experiments/allocation/records.jsonl. `report` prints
+the tables: test BPB per method, the paired t-interval over seeds against `flat` and `bpe-lm` (and learned's against
+it), and a paired bootstrap over documents (each document's bits averaged over seeds) for the same pairs. Everything
+resumes: finished cells and runs are skipped, an interrupted one continues from its checkpoint. Settings are chosen
+on validation only.
 """
 
 from __future__ import annotations
@@ -74,9 +74,6 @@ METHODS: dict[str, list[str]] = {
 swept)."""
 HAS_RATE = ("learned", "uniform", "bpe", "entropy", "hnet")
 """Methods with a --target-rate (whitespace, flat and bpe-lm have their text's or their vocabulary's)."""
-NGRAM_METHODS = tuple(METHODS)
-"""Methods whose n-gram variant `final --ngrams` trains: all (byte n-grams in the U-Net's encoder and the flat
-model; token n-grams for bpe-lm), so that every strategy meets learned-ngrams with the same lever."""
 MANY_SEEDS = ("learned", "uniform", "flat", "bpe-lm")
 SWEPT = ("learned", "uniform", "whitespace", "flat", "bpe-lm")
 """Methods with sweeps of their own: the targets' (learned against flat, bpe-lm, uniform and whitespace). The
@@ -230,10 +227,12 @@ def cmd_best(args) -> None:
 
 
 def _arms(ngrams: bool) -> list[tuple[str, str, bool]]:
-    """(arm name, method, with n-grams) of `final`."""
+    """(arm name, method, with n-grams) of `final`. With `ngrams` every method has an n-gram arm too (byte n-grams
+    in the U-Net's encoder and the flat model, token n-grams for bpe-lm), so each meets learned-ngrams with the same
+    lever."""
     out = [(m, m, False) for m in METHODS]
     if ngrams:
-        out += [(f"{m}-ngrams", m, True) for m in NGRAM_METHODS]
+        out += [(f"{m}-ngrams", m, True) for m in METHODS]
     return out
 
 
@@ -409,9 +408,11 @@ def study_summary(path: Path = RECORDS) -> str | None:
         by.setdefault(_budget_key(r), {}).setdefault(r["arm"], {})[r["seed"]] = r["test"]["bpb"]
     parts = []
     for a, b in STUDY_PAIRS:
-        found = [(key, *_paired(arms_.get(a, {}), arms_.get(b, {}))) for key, arms_ in by.items()]
-        found = sorted(((scale, match == "time", series, seeds, p) for (scale, match, _, series), seeds, p in found
-                        if p is not None), key=lambda x: x[:3])
+        found = []  # (scale, clock, series, seeds, interval) of every view with two paired seeds, FLOPs first
+        for (scale, match, _, series), arms_ in sorted(by.items()):
+            seeds, p = _paired(arms_.get(a, {}), arms_.get(b, {}))
+            if p is not None:
+                found.append((scale, match == "time", series, seeds, p))
         views = []
         for scale, clock, series, seeds, p in found:
             twice = sum(1 for x in found if x[:2] == (scale, clock)) > 1  # a second clock series of one pair
