@@ -264,6 +264,70 @@ def test_allocation_final_clock_matches_the_flat_arm_with_the_same_embeddings(tm
             alloc.main()
 
 
+def test_allocation_retire_moves_stale_runs_aside_and_keeps_their_records_out_of_the_tables(tmp_path, monkeypatch):
+    """A later sweep stage that changes an allocation (BPE's vocabulary) makes the arm's finished runs stale:
+    `retire` moves exactly those runs aside (with their logs), marks their records retired (the run directory
+    where it now is), the tables and the README line leave them out but list them, and it is idempotent."""
+    alloc = _allocation()
+    monkeypatch.setattr(alloc, "allocation", lambda out, m: {"bpe-vocab-size": "2048"} if m == "bpe-lm" else {})
+    results = tmp_path / "records.jsonl"
+    rows = []
+
+    def test(bpb):
+        return {"bpb": bpb, "bytes": 2, "per_document": {"documents": [0, 1], "bits": [bpb, bpb], "bytes": [1, 1]}}
+
+    for arm, method, flags in (("bpe-lm", "bpe-lm", alloc._flags("bpe-lm")[2:]),  # the driver's 4,096
+                               ("flat", "flat", alloc._flags("flat")[2:])):
+        for seed in (0, 1):
+            run = alloc._run_dir(tmp_path, arm, 1.0, False, seed)
+            run.mkdir()
+            (run / "final.json").write_text(json.dumps({"method": method, "ngrams": False, "flags": flags}))
+            run.with_name(run.name + ".log").write_text("log")
+            rows.append(records.make("allocation", arm, seed, command="x", method=method, flags=flags,
+                                     run_dir=str(run.resolve()), test=test(2.0 + seed / 10),
+                                     val={"bpb": 2.0}, train_seconds=1.0,
+                                     budget={"scale": 1.0, "match": "flops-total", "flops_budget": 1.7e13}))
+    rows += [{**r, "arm": "learned", "method": "learned", "run_dir": "elsewhere", "test": test(1.9 + r["seed"] / 10)}
+             for r in rows[:2]]
+    records.write(results, rows)
+
+    def unfinished(arm, seed, flags):  # a run interrupted at a checkpoint: its config, no final.json
+        from dataclasses import asdict
+
+        from learntok.cli.train import parse_train_args
+
+        cfg = parse_train_args(["--preset", "small", *flags])
+        run = alloc._run_dir(tmp_path, arm, 1.0, False, seed)
+        run.mkdir()
+        (run / "config.json").write_text(json.dumps({k: asdict(getattr(cfg, k)) for k in ("model", "boundary")}))
+        (run / "latest").write_text("step_000001")
+        return run
+
+    old = unfinished("bpe-lm", 2, alloc._flags("bpe-lm")[2:])
+    ongoing = unfinished("flat", 2, alloc._flags("flat")[2:])
+    monkeypatch.setattr(sys, "argv", ["run.py", "final", "--data", str(tmp_path), "--out", str(tmp_path),
+                                      "--methods", "bpe-lm", "--seeds", "2"])
+    with pytest.raises(SystemExit, match="unfinished run of another allocation"):  # it would resume at 4,096
+        alloc.main()
+    monkeypatch.setattr(sys, "argv", ["run.py", "retire", "--out", str(tmp_path), "--results", str(results)])
+    alloc.main()
+    assert not old.exists() and (tmp_path / "retired" / old.name / "latest").exists() and ongoing.exists()
+    stale = alloc._run_dir(tmp_path, "bpe-lm", 1.0, False, 0)
+    assert not stale.exists() and (tmp_path / "retired" / stale.name / "final.json").exists()
+    assert (tmp_path / "retired" / (stale.name + ".log")).exists()
+    assert alloc._run_dir(tmp_path, "flat", 1.0, False, 0).exists()  # its allocation did not change
+    after = records.load(results)
+    assert [r["arm"] for r in after if r.get("retired")] == ["bpe-lm", "bpe-lm"] and len(after) == 6
+    assert all("/retired/" in r["run_dir"] and "--bpe-vocab-size" in r["retired"]["now"]
+               for r in after if r.get("retired"))
+    table = alloc.report(results)
+    assert "| flat | 2 |" in table and "| bpe-lm | 2 |" not in table
+    assert ("| bpe-lm | x1 total FLOPs | 2 | 2.0500 ± 0.0500 | --bpe-vocab-size 4096 | --bpe-vocab-size 2048 | "
+            "-0.1000 [-0.1000, -0.1000] |") in table  # learned's current runs against the retired ones
+    alloc.main()  # nothing stale is left: nothing moves, the records stay as they are
+    assert records.load(results) == after
+
+
 def test_allocation_study_summary_pairs_seeds_and_names_shapes(tmp_path):
     """The README's study line: paired over seeds per budget, a verdict from the interval, each method's shape
     read from its flags; nothing until a pair has two seeds."""

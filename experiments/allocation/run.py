@@ -9,6 +9,7 @@ wall-clock.
     python experiments/allocation/run.py final --data DATA/enwiki --out runs/alloc --scale 1
     python experiments/allocation/run.py final --data DATA/enwiki --out runs/alloc --scale 1 --clock
     python experiments/allocation/run.py evaluate --out runs/alloc
+    python experiments/allocation/run.py retire --out runs/alloc    # after a sweep stage changed an allocation
     python experiments/allocation/run.py report
 
 Budget: the total training FLOPs (learntok.model.flops, convention `total`: the paper's 6N plus attention) of
@@ -28,11 +29,13 @@ this CPU's speed drifts by ±7 % over hours and a clock set by runs hours earlie
 the faster time); --arms picks some arms only; `--clock --series NAME` trains a new set of clock runs paired only
 among themselves (e.g. learned-ngrams beside bpe-lm-ngrams, after the first set paired learned with flat).
 `evaluate` scores every finished final run on the test split after its first 256 KB (which earlier screens read many
-times), 512 KB of it, per document, and on validation, into experiments/allocation/records.jsonl. `report` prints
-the tables: test BPB per method, the paired t-interval over seeds against `flat` and `bpe-lm` (and learned's against
-it), and a paired bootstrap over documents (each document's bits averaged over seeds) for the same pairs. Everything
-resumes: finished cells and runs are skipped, an interrupted one continues from its checkpoint. Settings are chosen
-on validation only.
+times), 512 KB of it, per document, and on validation, into experiments/allocation/records.jsonl. `retire` moves
+aside the final runs a later sweep stage made stale (their flags are no longer their method's allocation) and marks
+their records retired: kept and listed, out of the tables and the README, so `final` trains those arms again.
+`report` prints the tables: test BPB per method, the paired t-interval over seeds against `flat` and `bpe-lm` (and
+learned's against it), and a paired bootstrap over documents (each document's bits averaged over seeds) for the same
+pairs. Everything resumes: finished cells and runs are skipped, an interrupted one continues from its checkpoint.
+Settings are chosen on validation only.
 """
 
 from __future__ import annotations
@@ -249,6 +252,33 @@ def _trained(out: Path, arm: str, scale: float, clock: bool, seed: int, series: 
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def _agrees(run: Path, flags: list[str]) -> bool:
+    """Whether an unfinished run's saved model and boundary config is what `flags` build (resuming it would train
+    the saved one whatever the flags say)."""
+    from dataclasses import asdict
+
+    from learntok.cli.train import parse_train_args
+
+    saved = json.loads((run / "config.json").read_text())
+    cfg = json.loads(json.dumps({k: asdict(getattr(parse_train_args(["--preset", "small", *flags]), k))
+                                 for k in ("model", "boundary")}))
+    return all(saved[k].get(f) == v for k in cfg for f, v in cfg[k].items() if f in saved[k])
+
+
+def _stale(out: Path) -> list[tuple[Path, dict | None, list[str]]]:
+    """(run, its final.json or None if unfinished, the flags its allocation now gives) of every final run that
+    trained, or began training, with other flags."""
+    method_of = {arm: (m, ng) for arm, m, ng in _arms(True)}
+    found = []
+    for run in sorted(p for p in out.glob("final-*") if p.is_dir()):
+        done = json.loads((run / "final.json").read_text()) if (run / "final.json").exists() else None
+        method, ngrams = method_of[run.name.removeprefix("final-").rsplit("-x", 1)[0]]
+        now = _flags(method, allocation(out, method), ngrams)[2:]
+        if (done["flags"] != now) if done else ((run / "config.json").exists() and not _agrees(run, now)):
+            found.append((run, done, now))
+    return found
+
+
 def _paired(a: dict[int, float], b: dict[int, float]) -> tuple[list[int], dict | None]:
     """The seeds both arms have, and the paired 95 % t-interval of a − b over them (None under two seeds)."""
     from learntok.evaluation.stats import paired_interval
@@ -274,6 +304,9 @@ def cmd_final(args) -> None:
                          f"{' '.join(flags)}: the seeds of one arm must train one model (use another --out)")
             if done:
                 continue
+            if (run / "config.json").exists() and not _agrees(run, flags):
+                sys.exit(f"{run} is an unfinished run of another allocation than {' '.join(flags)}: resuming it "
+                         "would train that one (run `retire` to move it aside)")
             ref = "flat-ngrams" if ngrams else "flat"  # the clock's: the flat model with the same embeddings
             if args.clock:  # the reference trains again too, beside the others: the CPU's speed drifts by hours
                 flat = [_trained(args.out, ref, args.scale, False, s) for s in args.seeds]
@@ -327,6 +360,72 @@ def _budget_key(r: dict) -> tuple[float, str, float, str]:
     return b["scale"], b["match"], float(f"{b.get('flops_budget') or b.get('time_budget'):.4g}"), b.get("series", "")
 
 
+def cmd_retire(args) -> None:
+    """Move aside every final run, finished or not, whose flags are no longer its method's allocation (a later
+    sweep stage chose another), into OUT/retired/, and mark its record `retired` with the flags that replace them.
+    The record stays (every arm trained is logged) but leaves the tables, and `final` can train the arm again."""
+    from learntok import records
+
+    rows = records.load(args.results)
+    moved = {}
+    for run, res, now in _stale(args.out):
+        dest = args.out / "retired" / run.name
+        if dest.exists():
+            sys.exit(f"{dest} exists: a run was retired there already; move it before retiring {run.name}")
+        dest.parent.mkdir(exist_ok=True)
+        old = str(run.resolve())
+        run.rename(dest)
+        for log in run.parent.glob(run.name + ".log"):
+            log.rename(dest.parent / log.name)
+        moved[old] = (str(dest.resolve()), now)
+        print(f"retired {run.name}: {'trained with ' + ' '.join(res['flags']) if res else 'unfinished'}; the "
+              f"allocation now gives {' '.join(now)}", flush=True)
+    for r in rows:
+        if r["run_dir"] in moved:
+            r["run_dir"], now = moved[r["run_dir"]]
+            r["retired"] = {"reason": "its method's allocation changed after it trained", "now": now}
+    records.write(args.results, rows)
+    print(f"{len(moved)} runs retired; {sum(1 for r in rows if r.get('retired'))} records marked retired in "
+          f"{args.results}")
+
+
+def _changed(a: list[str], b: list[str]) -> str:
+    """The options of flag list `a` that `b` lacks or sets to another value (an option's last `--name value` wins,
+    as on the command line; the allocation's flags follow the method's)."""
+    def options(flags: list[str]) -> dict[str, str]:
+        return {x: v for x, v in zip(flags, flags[1:]) if x.startswith("--") and not v.startswith("--")}
+
+    a_, b_ = options(a), options(b)
+    return " ".join(f"{k} {v}" for k, v in a_.items() if b_.get(k) != v)
+
+
+def retired_table(path: Path = RECORDS) -> str:
+    """The retired final runs (trained at an allocation a later sweep stage replaced): kept, out of the tables."""
+    from learntok import records
+
+    every = records.load(path)
+    rows = [r for r in every if r.get("retired")]
+    if not rows:
+        return ""
+    out = ["", "Retired runs (their method's allocation changed after they trained; left out of the tables above), "
+           "and learned's current runs of the same budget against them:", "",
+           "| arm | budget | seeds | test BPB | trained with | now | learned − it (seeds, 95 % t) |",
+           "|---|---|---|---|---|---|---|"]
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["arm"], _budget_key(r)), []).append(r)
+    for (arm, key), rs in sorted(groups.items()):
+        was, now = rs[0]["flags"], rs[0]["retired"]["now"]
+        view = f"x{key[0]:g} {'wall-clock' if key[1] == 'time' else 'total FLOPs'}{' ' + key[3] if key[3] else ''}"
+        learned = {r["seed"]: r["test"]["bpb"] for r in every if not r.get("retired") and _budget_key(r) == key
+                   and r["arm"] == "learned" + ("-ngrams" if arm.endswith("-ngrams") else "")}
+        seeds, p = _paired(learned, {r["seed"]: r["test"]["bpb"] for r in rs})
+        diff = f"{p['mean']:+.4f} [{p['lo']:+.4f}, {p['hi']:+.4f}]{' tie' if p['tie'] else ''}" if p else "—"
+        out.append(f"| {arm} | {view} | {len(rs)} | {arms.mean_se([r['test']['bpb'] for r in rs])} | "
+                   f"{_changed(was, now)} | {_changed(now, was)} | {diff} |")
+    return "\n".join(out) + "\n"
+
+
 def report(path: Path = RECORDS) -> str:
     """Per budget (scale, match and clock series): each arm's test BPB, and its paired differences against flat
     and bpe-lm, and learned's against it, each with the same embeddings (an n-gram arm against flat-ngrams and
@@ -334,9 +433,9 @@ def report(path: Path = RECORDS) -> str:
     from learntok import records
     from learntok.evaluation.stats import paired_bootstrap
 
-    rows = records.load(path)
+    rows = [r for r in records.load(path) if not r.get("retired")]
     if not rows:
-        return "(no records yet)\n"
+        return "(no records yet)\n" + retired_table(path)
     out = []
     for key in sorted({_budget_key(r) for r in rows}):
         sub = [r for r in rows if _budget_key(r) == key]
@@ -386,7 +485,7 @@ def report(path: Path = RECORDS) -> str:
                        f"{statistics.mean(r['train_seconds'] for r in rs):.0f} | {flat_t} | {flat_b} | {bpe_t} | "
                        f"{bpe_b} | {learned_t} | {learned_b} |")
         out.append("")
-    return "\n".join(out)
+    return "\n".join(out) + retired_table(path)
 
 
 STUDY_PAIRS = (("learned-ngrams", "flat-ngrams"), ("learned-ngrams", "bpe-lm-ngrams"),
@@ -404,7 +503,7 @@ def study_summary(path: Path = RECORDS) -> str | None:
     preset = parse_train_args(["--preset", "small"]).model
     by: dict[tuple, dict[str, dict[int, float]]] = {}
     shapes = {}
-    for r in records.load(path):
+    for r in (r for r in records.load(path) if not r.get("retired")):
         f = r["flags"]
         d, n = (f[f.index(k) + 1] if k in f else v for k, v in (("--d-model", preset.d_model),
                                                                 ("--n-mid", preset.n_mid)))
@@ -511,6 +610,9 @@ def main() -> None:
     f.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     f.add_argument("--budget-bytes", type=float, default=BUDGET_BYTES, help="the reference bytes (a smoke test: 2e4)")
     f.add_argument("--few-seeds", type=int, default=3, help="seeds of the methods outside " + ", ".join(MANY_SEEDS))
+    t = sub.add_parser("retire", help="move aside final runs whose method's allocation changed; mark their records")
+    t.add_argument("--out", type=Path, default=Path("runs/alloc"))
+    t.add_argument("--results", type=Path, default=RECORDS)
     e = sub.add_parser("evaluate", help="test split after its first 256 KB, per document; and validation")
     e.add_argument("--out", type=Path, default=Path("runs/alloc"))
     e.add_argument("--results", type=Path, default=RECORDS)
@@ -523,7 +625,7 @@ def main() -> None:
         print(report(args.results))
     else:
         {"sweep": cmd_sweep, "collect": cmd_collect, "best": cmd_best, "final": cmd_final,
-         "evaluate": cmd_evaluate}[args.cmd](args)
+         "evaluate": cmd_evaluate, "retire": cmd_retire}[args.cmd](args)
 
 
 if __name__ == "__main__":
