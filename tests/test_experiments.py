@@ -186,7 +186,6 @@ def test_allocation_budget_flags_best_cell_and_report(tmp_path, monkeypatch):
         return records.make("sweep", "cell", seed, command="x", axes=axes, val_bpb=bpb)
 
     assert len(alloc._axes("learned", 1)) == 2 and alloc._axes("flat", 2) == []
-    assert alloc._axes("uniform", 1)[0].endswith("=64:2,96:2") and "192" in alloc._axes("learned", 1)[0]
     monkeypatch.setattr(alloc, "_axes", lambda method, stage: ["n-mid=2,3"] if stage == 1 else [])
     d = tmp_path / "sweep1-uniform"
     d.mkdir()

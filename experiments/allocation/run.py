@@ -86,10 +86,6 @@ network at the same rate, which keeps the study near its 10-12 hours (a stage-1 
 WIDTH = "d-model,n-heads=64:2,96:2,128:2,192:3"
 """Stage 1's width axis (d_model with its heads). The first grids stopped at 96; flat's, learned's and the BPE
 transformer's best all lay at the narrow edge, so every method's grid reaches down to 64."""
-NARROW = "d-model,n-heads=64:2,96:2"
-"""uniform's and whitespace's width axis (swept last). In the nine width columns of flat's, learned's and the BPE
-transformer's grids (three depths each) 128 never beat 96 and 192 never beat 128, and 64 won eight of nine; so
-their grids keep 64 and 96 (96 checks the trend) and spend about 40 minutes less each."""
 DEPTH = {"flat": "n-mid=1,2,3", "bpe-lm": "n-mid=2,4,6"}
 """Stage 1's depth axis per method (the U-Net's token-level layers by default)."""
 UNET_DEPTH = "n-mid=2,3,5"
@@ -125,7 +121,7 @@ def _sweep_dir(out: Path, method: str, stage: int) -> Path:
 def _axes(method: str, stage: int) -> list[str]:
     """The --axis specs of a method's sweep stage (stage 2: none for flat; the vocabulary for bpe-lm)."""
     if stage == 1:
-        return [NARROW if method in ("uniform", "whitespace") else WIDTH, DEPTH.get(method, UNET_DEPTH)]
+        return [WIDTH, DEPTH.get(method, UNET_DEPTH)]
     if method == "bpe-lm":  # at d 64 its output layer is most of its FLOPs per token: a smaller one buys tokens
         return ["bpe-vocab-size=1024,2048,4096"]
     axes = [] if method == "flat" else ["byte-window=4,8,16"]
