@@ -275,6 +275,11 @@ def _stale(out: Path) -> list[tuple[Path, dict | None, list[str]]]:
     return found
 
 
+def _interval(p: dict) -> str:
+    """A paired interval as the tables print it: mean [lo, hi], and 'tie' when it covers 0."""
+    return f"{p['mean']:+.4f} [{p['lo']:+.4f}, {p['hi']:+.4f}]{' tie' if p['tie'] else ''}"
+
+
 def _paired(a: dict[int, float], b: dict[int, float]) -> tuple[list[int], dict | None]:
     """The seeds both arms have, and the paired 95 % t-interval of a − b over them (None under two seeds)."""
     from learntok.evaluation.stats import paired_interval
@@ -416,7 +421,7 @@ def retired_table(path: Path = RECORDS) -> str:
         learned = {r["seed"]: r["test"]["bpb"] for r in every if not r.get("retired") and _budget_key(r) == key
                    and r["arm"] == "learned" + ("-ngrams" if arm.endswith("-ngrams") else "")}
         seeds, p = _paired(learned, {r["seed"]: r["test"]["bpb"] for r in rs})
-        diff = f"{p['mean']:+.4f} [{p['lo']:+.4f}, {p['hi']:+.4f}]{' tie' if p['tie'] else ''}" if p else "—"
+        diff = _interval(p) if p else "—"
         out.append(f"| {arm} | {view} | {len(rs)} | {arms.mean_se([r['test']['bpb'] for r in rs])} | "
                    f"{_changed(was, now)} | {_changed(now, was)} | {diff} |")
     return "\n".join(out) + "\n"
@@ -457,7 +462,7 @@ def report(path: Path = RECORDS) -> str:
             if p is None:  # no interval over one seed: the difference, and the documents' bootstrap
                 t = f"{a[seeds[0]]['test']['bpb'] - b[seeds[0]]['test']['bpb']:+.4f} (1 seed)"
             else:
-                t = f"{p['mean']:+.4f} [{p['lo']:+.4f}, {p['hi']:+.4f}]{' tie' if p['tie'] else ''}"
+                t = _interval(p)
             docs = [a[s]["test"]["per_document"] for s in seeds] + [b[s]["test"]["per_document"] for s in seeds]
             if any((d["documents"], d["bytes"]) != (docs[0]["documents"], docs[0]["bytes"]) for d in docs):
                 return t, "(different text)"
@@ -467,7 +472,7 @@ def report(path: Path = RECORDS) -> str:
                 q = paired_bootstrap(*mean_bits, docs[0]["bytes"])
             except ValueError:  # fewer than two documents
                 return t, "—"
-            return t, f"{q['mean']:+.4f} [{q['lo']:+.4f}, {q['hi']:+.4f}]{' tie' if q['tie'] else ''}"
+            return t, _interval(q)
 
         for arm in sorted(by, key=lambda a: statistics.mean(r["test"]["bpb"] for r in by[a].values())):
             rs = list(by[arm].values())
