@@ -362,3 +362,53 @@ def test_allocation_study_summary_pairs_seeds_and_names_shapes(tmp_path):
     line = alloc.study_summary(path)  # one pair's views together; two clock series of it are told apart
     assert line.count("learned-ngrams − flat-ngrams") == 1
     assert "at matched wall-clock (series a) (2 seeds" in line and "at matched wall-clock (series b) (2 seeds" in line
+
+
+def test_allocation_restore_rebuilds_out_from_the_records_and_collect_never_drops_a_cell(tmp_path, monkeypatch):
+    """On a new machine (run directories gone) `restore` rebuilds each sweep's cells and each current final run's
+    final.json from the committed records: the allocation is chosen again, `final` skips the restored runs,
+    `evaluate` does not try to load them, retired runs stay gone; `collect` from a partial OUT keeps the cells
+    the records file has."""
+    alloc = _allocation()
+    monkeypatch.setattr(alloc, "_axes", lambda method, stage: ["n-mid=2,3"] if stage == 1 else [])
+
+    def cell(n_mid, bpb):
+        return records.make("sweep", "cell", 0, command="x", axes={"n-mid": n_mid}, val_bpb=bpb, method="uniform",
+                            stage=1)
+
+    sweep_results, results, out = tmp_path / "sweep.jsonl", tmp_path / "records.jsonl", tmp_path / "out"
+    records.write(sweep_results, [cell("2", 2.2), cell("3", 2.1)])
+    flags = alloc._flags("uniform", {"n-mid": "3"})[2:]
+    run = {"budget": {"scale": 1.0, "match": "flops-total", "flops_budget": 1e13}, "flags": flags,
+           "method": "uniform", "ngrams": False, "train_seconds": 5.0, "test": {"bpb": 2.0}, "val": {"bpb": 2.0}}
+    records.write(results, [records.make("allocation", "uniform", 0, command="x", run="final-uniform-x1-seed0",
+                                         run_dir="/gone/final-uniform-x1-seed0", **run),
+                            records.make("allocation", "uniform", 1, command="x", run="final-uniform-x1-seed1",
+                                         run_dir="/gone/retired/final-uniform-x1-seed1", retired={"now": []}, **run)])
+
+    def main(*argv):
+        monkeypatch.setattr(sys, "argv", ["run.py", *map(str, argv)])
+        alloc.main()
+
+    main("restore", "--out", out, "--results", results, "--sweep-results", sweep_results)
+    assert [r["axes"] for r in records.load(out / "sweep1-uniform" / "sweep.jsonl")] == [{"n-mid": "2"},
+                                                                                         {"n-mid": "3"}]
+    assert alloc.allocation(out, "uniform") == {"n-mid": "3"}
+    done = json.loads((out / "final-uniform-x1-seed0" / "final.json").read_text())
+    assert done["restored"] and done["flags"] == flags and done["train_seconds"] == 5.0 and "test" not in done
+    assert not (out / "final-uniform-x1-seed1").exists()  # retired: `final` trains it again
+    calls = []
+    monkeypatch.setattr(alloc.arms, "train_arm", lambda run, *a, **kw: calls.append(run.name) or
+                        {"bytes": 1.0, "train_seconds": 1.0, "command": "x", "provenance": {}})
+    main("final", "--data", tmp_path, "--out", out, "--methods", "uniform", "--seeds", "0", "1")
+    assert calls == ["final-uniform-x1-seed1"]
+    (out / "final-uniform-x1-seed1" / "final.json").unlink()  # only the restored run is left to evaluate
+    main("evaluate", "--out", out, "--results", results)  # scored already: it is not loaded (no checkpoint)
+    assert len(records.load(results)) == 2
+    main("restore", "--out", out, "--results", results, "--sweep-results", sweep_results)  # touches nothing
+    assert json.loads((out / "final-uniform-x1-seed0" / "final.json").read_text()) == done
+    records.write(out / "sweep1-uniform" / "sweep.jsonl", [records.load(out / "sweep1-uniform" / "sweep.jsonl")[1],
+                                                            {**records.load(sweep_results)[0], "seed": 1}])
+    main("collect", "--out", out, "--results", sweep_results)  # one cell from OUT is new; the other is kept
+    assert sorted((r["axes"]["n-mid"], r["seed"]) for r in records.load(sweep_results)) == [("2", 0), ("2", 1),
+                                                                                            ("3", 0)]

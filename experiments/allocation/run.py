@@ -11,6 +11,7 @@ wall-clock.
     python experiments/allocation/run.py evaluate --out runs/alloc
     python experiments/allocation/run.py retire --out runs/alloc    # after a sweep stage changed an allocation
     python experiments/allocation/run.py report
+    python experiments/allocation/run.py restore --out runs/alloc   # on a new machine: OUT's bookkeeping from records
 
 Budget: the total training FLOPs (learntok.model.flops, convention `total`: the paper's 6N plus attention) of
 6e6 bytes of `uniform` at rate 0.2 in the `small` preset's shape, so the flat model's full attention and every
@@ -32,6 +33,8 @@ among themselves (e.g. learned-ngrams beside bpe-lm-ngrams, after the first set 
 times), 512 KB of it, per document, and on validation, into experiments/allocation/records.jsonl. `retire` moves
 aside the final runs a later sweep stage made stale (their flags are no longer their method's allocation) and marks
 their records retired: kept and listed, out of the tables and the README, so `final` trains those arms again.
+`restore` rebuilds OUT's bookkeeping from the committed records when its run directories are gone (a new machine): the
+sweeps' cells and the finished final runs, so the allocations stand and nothing finished trains again.
 `report` prints the tables: test BPB per method, the paired t-interval over seeds against `flat` and `bpe-lm` (and
 learned's against it), and a paired bootstrap over documents (each document's bits averaged over seeds) for the same
 pairs. Everything resumes: finished cells and runs are skipped, an interrupted one continues from its checkpoint.
@@ -191,17 +194,59 @@ def cmd_sweep(args) -> None:
 SWEEP_RECORDS = HERE / "records-sweep.jsonl"
 
 
+def _cell_key(r: dict) -> tuple:
+    return r["method"], r["stage"], json.dumps(r["axes"], sort_keys=True), r["seed"]
+
+
 def cmd_collect(args) -> None:
     """Copy every sweep cell's record (OUT/sweep{stage}-{method}/sweep.jsonl) into the committed records file,
-    each tagged with its method and stage; the file is rewritten whole, so collecting again adds new cells."""
+    each tagged with its method and stage. Cells the file has and OUT lacks (their run directories are gone) are
+    kept, so collecting from a restored or partial OUT adds cells and never drops one."""
     from learntok import records
 
     rows = []
     for path in sorted(args.out.glob("sweep[12]-*/sweep.jsonl")):
         stage, method = path.parent.name.removeprefix("sweep").split("-", 1)
         rows += [{**r, "method": method, "stage": int(stage)} for r in records.load(path)]
-    records.write(args.results, rows)
-    print(f"{len(rows)} sweep cells -> {args.results}")
+    found = {_cell_key(r) for r in rows}
+    kept = [r for r in records.load(args.results) if _cell_key(r) not in found]
+    records.write(args.results, kept + rows)
+    print(f"{len(rows)} sweep cells from {args.out}, {len(kept)} more kept -> {args.results}")
+
+
+RECORD_ONLY = ("schema", "study", "arm", "seed", "source", "run", "run_dir", "val", "test")
+"""A final run's record fields that its final.json does not hold (evaluate adds them)."""
+
+
+def cmd_restore(args) -> None:
+    """Rebuild OUT's bookkeeping from the committed records where its run directories are gone (a new machine):
+    each sweep's sweep.jsonl, so `best` and `final` choose the same allocations and a sweep trains only its missing
+    cells, and each current final run's final.json, marked `restored` (it has no checkpoint), so `final` skips it,
+    `--clock` reads its reference's seconds and `retire` can judge it. Nothing that exists is touched."""
+    from learntok import records
+
+    groups: dict[tuple[str, int], list[dict]] = {}
+    for r in records.load(args.sweep_results):
+        groups.setdefault((r["method"], r["stage"]), []).append(
+            {k: v for k, v in r.items() if k not in ("method", "stage")})
+    sweeps = 0
+    for (method, stage), rows in groups.items():
+        path = _sweep_dir(args.out, method, stage) / "sweep.jsonl"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            records.write(path, rows)
+            sweeps += 1
+    finals = 0
+    for r in records.load(args.results):
+        path = args.out / r["run"] / "final.json"
+        if r.get("retired") or path.exists():
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        res = {k: v for k, v in r.items() if k not in RECORD_ONLY}
+        atomic.write_text(path, json.dumps({**res, "restored": True}, indent=1) + "\n")
+        finals += 1
+    print(f"restored {sweeps} sweeps ({sum(map(len, groups.values()))} cells in all) and {finals} final runs in "
+          f"{args.out}")
 
 
 def sweep_table(path: Path = SWEEP_RECORDS) -> str:
@@ -340,6 +385,8 @@ def cmd_evaluate(args) -> None:
         if str(run.resolve()) in done:
             continue
         res = json.loads(path.read_text())
+        if res.get("restored"):  # `restore` wrote it from its record: scored already, and it has no checkpoint
+            continue
         cfg, model = load_run(run)
         scores = {}
         for split, kw in (("val", {"max_bytes": args.val_bytes}),
@@ -619,6 +666,10 @@ def main() -> None:
     e.add_argument("--results", type=Path, default=RECORDS)
     e.add_argument("--val-bytes", type=int, default=SKIP_BYTES, help="validation bytes scored (the first ones)")
     e.add_argument("--test-bytes", type=int, default=TEST_BYTES, help="test bytes scored, after the first 256 KB")
+    o = sub.add_parser("restore", help="OUT's sweep cells and finished finals from the records (a new machine)")
+    o.add_argument("--out", type=Path, default=Path("runs/alloc"))
+    o.add_argument("--results", type=Path, default=RECORDS)
+    o.add_argument("--sweep-results", type=Path, default=SWEEP_RECORDS)
     r = sub.add_parser("report", help="the tables")
     r.add_argument("--results", type=Path, default=RECORDS)
     args = ap.parse_args()
@@ -626,7 +677,7 @@ def main() -> None:
         print(report(args.results))
     else:
         {"sweep": cmd_sweep, "collect": cmd_collect, "best": cmd_best, "final": cmd_final,
-         "evaluate": cmd_evaluate, "retire": cmd_retire}[args.cmd](args)
+         "evaluate": cmd_evaluate, "retire": cmd_retire, "restore": cmd_restore}[args.cmd](args)
 
 
 if __name__ == "__main__":
