@@ -8,11 +8,13 @@ at its expected rate; the realised FLOPs are recorded, since a strategy's rate c
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 from learntok import records
@@ -81,13 +83,27 @@ def flops_per_byte(name: str, rate: float) -> float:
     return 6.0 * (pb + pt * (RATE_FREE.get(name) or rate))
 
 
+def config_differences(run: Path, argv: list[str]) -> list[str]:
+    """The model and boundary settings in which RUN's saved config (config.json) differs from what `learntok train
+    ARGV` builds, as `section.field: saved -> asked`; empty when resuming RUN trains what ARGV asks for (`--resume`
+    restores the saved config whatever other flags say). Fields an older run did not save are not compared."""
+    from learntok.cli.train import parse_train_args
+
+    saved = json.loads((run / "config.json").read_text())
+    cfg = parse_train_args(argv)
+    asked = json.loads(json.dumps({k: asdict(getattr(cfg, k)) for k in ("model", "boundary")}))
+    return [f"{k}.{f}: {saved[k][f]} -> {v}" for k in asked for f, v in asked[k].items()
+            if f in saved.get(k, {}) and saved[k][f] != v]
+
+
 def train_arm(run: Path, data: Path, name: str, *, rate: float, seed: int, max_bytes: float = 0,
               time_budget: float = 0, flops_budget: float = 0, flops_convention: str = "6n", eval_every: int = 0,
               ckpt_every: int = 500, flags: list[str] | None = None) -> dict:
     """Train one arm in a fresh process (log in RUN.log) for `max_bytes` bytes, for `time_budget` seconds on a
     time schedule, or until `flops_budget` training FLOPs (in `flops_convention`: the paper's 6N by default) on a
     FLOPs schedule; an interrupted arm
-    (a checkpoint in RUN) is resumed exactly. `flags` replace the arm's own (ARMS[name] at `rate`). Returns its final
+    (a checkpoint in RUN) is resumed exactly, and refused (ValueError) when its saved model differs from the one
+    asked for. `flags` replace the arm's own (ARMS[name] at `rate`). Returns its final
     metrics, its validation curve (bytes, FLOPs, seconds, val BPB), the training command and the run's config and
     provenance."""
     common = ["--progress-style", "lines", "--ckpt-every", str(ckpt_every), "--eval-every", str(eval_every)]
@@ -100,7 +116,11 @@ def train_arm(run: Path, data: Path, name: str, *, rate: float, seed: int, max_b
         budget = ["--max-bytes", str(int(max_bytes))]
     fresh = ["train", "--preset", "small", "--data", str(data), "--out", str(run), "--overwrite", "--seed", str(seed),
              *budget, *common, *(arm_flags(name, rate) if flags is None else flags)]
-    args = ["train", "--resume", str(run), *common] if (run / "latest").exists() else fresh
+    resume = (run / "latest").exists()
+    if resume and (run / "config.json").exists() and (diff := config_differences(run, fresh[1:])):
+        raise ValueError(f"{run} is an interrupted run of another model ({'; '.join(diff)}): resuming it would train "
+                         "that one; move it aside or use another --out")
+    args = ["train", "--resume", str(run), *common] if resume else fresh
     t0 = time.time()
     run.parent.mkdir(parents=True, exist_ok=True)  # a fresh --out: the log lives beside the run
     with open(run.parent / f"{run.name}.log", "a") as log:  # not with_suffix: "2.4e+07" has a dot

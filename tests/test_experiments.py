@@ -412,3 +412,25 @@ def test_allocation_restore_rebuilds_out_from_the_records_and_collect_never_drop
     main("collect", "--out", out, "--results", sweep_results)  # one cell from OUT is new; the other is kept
     assert sorted((r["axes"]["n-mid"], r["seed"]) for r in records.load(sweep_results)) == [("2", 0), ("2", 1),
                                                                                             ("3", 0)]
+
+
+def test_train_arm_refuses_to_resume_an_interrupted_run_of_another_model(tmp_path, monkeypatch):
+    """`--resume` restores the saved config whatever the flags say, so resuming an interrupted run under other
+    model flags would train the old model under the new arm's name: train_arm refuses and names the field."""
+    from dataclasses import asdict
+
+    from learntok.cli.train import parse_train_args
+
+    run = tmp_path / "run"
+    run.mkdir()
+    cfg = parse_train_args(["--preset", "small", "--boundaries", "uniform", "--d-model", "96"])
+    (run / "config.json").write_text(json.dumps({k: asdict(getattr(cfg, k)) for k in ("model", "boundary")}))
+    (run / "latest").write_text("step_000010")
+    started = []
+    monkeypatch.setattr(arms.subprocess, "run", lambda args, **kw: started.append(args) or 1 / 0)
+    with pytest.raises(ValueError, match="model.d_model: 96 -> 64"):
+        arms.train_arm(run, tmp_path, "uniform", rate=0.2, seed=0, flags=["--boundaries", "uniform", "--d-model", "64"])
+    assert not started
+    with pytest.raises(ZeroDivisionError):  # the same model: it resumes
+        arms.train_arm(run, tmp_path, "uniform", rate=0.2, seed=0, flags=["--boundaries", "uniform", "--d-model", "96"])
+    assert "--resume" in started[0]

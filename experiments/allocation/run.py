@@ -296,14 +296,7 @@ def _trained(out: Path, arm: str, scale: float, clock: bool, seed: int, series: 
 def _agrees(run: Path, flags: list[str]) -> bool:
     """Whether an unfinished run's saved model and boundary config is what `flags` build (resuming it would train
     the saved one whatever the flags say)."""
-    from dataclasses import asdict
-
-    from learntok.cli.train import parse_train_args
-
-    saved = json.loads((run / "config.json").read_text())
-    cfg = json.loads(json.dumps({k: asdict(getattr(parse_train_args(["--preset", "small", *flags]), k))
-                                 for k in ("model", "boundary")}))
-    return all(saved[k].get(f) == v for k in cfg for f, v in cfg[k].items() if f in saved[k])
+    return not arms.config_differences(run, ["--preset", "small", *flags])
 
 
 def _stale(out: Path) -> list[tuple[Path, dict | None, list[str]]]:
