@@ -18,7 +18,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from learntok import records
-from learntok.evaluation.stats import paired_interval
+from learntok.evaluation.stats import interval_text, paired_interval
 from learntok.viz.curves import load_metrics
 
 ARMS: dict[str, list[str]] = {
@@ -247,7 +247,7 @@ def paired(rows: list[dict], arm: str, base: str, split: str = "test") -> str:
         return "—" if not d else f"{d[0]:+.4f} (1 seed)"
     p = paired_interval(d)
     verdict = "tie" if p["tie"] else f"{arm if p['mean'] > 0 else base} better"
-    return f"{p['mean']:+.4f} [{p['lo']:+.4f}, {p['hi']:+.4f}] {verdict} ({len(d)} seeds)"
+    return f"{interval_text(p)} {verdict} ({len(d)} seeds)"
 
 
 def _shifted(rows: list[dict]) -> str:

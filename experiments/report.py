@@ -24,7 +24,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 from learntok import records  # noqa: E402
-from learntok.evaluation.stats import paired_interval  # noqa: E402
+from learntok.evaluation.stats import interval_text, paired_interval  # noqa: E402
 
 DOCS = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "bench" / "README.md")
 BLOCK = re.compile(r"(<!-- generated: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- end: (?P=name) -->)", re.S)
@@ -46,8 +46,7 @@ def _leaderboard() -> tuple[dict, ...]:
 
 
 def _ci(d: list[float], level: float = 0.95) -> str:
-    p = paired_interval(d, level)
-    return f"{p['mean']:+.4f} [{p['lo']:+.4f}, {p['hi']:+.4f}]"
+    return interval_text(paired_interval(d, level))
 
 
 def _shift(r: dict) -> str:

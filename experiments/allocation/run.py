@@ -54,6 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import arms  # noqa: E402  (experiments/arms.py)
 
 from learntok import atomic  # noqa: E402
+from learntok.evaluation.stats import interval_text  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 RECORDS = HERE / "records.jsonl"
@@ -313,11 +314,6 @@ def _stale(out: Path) -> list[tuple[Path, dict | None, list[str]]]:
     return found
 
 
-def _interval(p: dict) -> str:
-    """A paired interval as the tables print it: mean [lo, hi], and 'tie' when it covers 0."""
-    return f"{p['mean']:+.4f} [{p['lo']:+.4f}, {p['hi']:+.4f}]{' tie' if p['tie'] else ''}"
-
-
 def _paired(a: dict[int, float], b: dict[int, float]) -> tuple[list[int], dict | None]:
     """The seeds both arms have, and the paired 95 % t-interval of a − b over them (None under two seeds)."""
     from learntok.evaluation.stats import paired_interval
@@ -461,7 +457,7 @@ def retired_table(path: Path = RECORDS) -> str:
         learned = {r["seed"]: r["test"]["bpb"] for r in every if not r.get("retired") and _budget_key(r) == key
                    and r["arm"] == "learned" + ("-ngrams" if arm.endswith("-ngrams") else "")}
         seeds, p = _paired(learned, {r["seed"]: r["test"]["bpb"] for r in rs})
-        diff = _interval(p) if p else "—"
+        diff = interval_text(p, tie=True) if p else "—"
         out.append(f"| {arm} | {view} | {len(rs)} | {arms.mean_se([r['test']['bpb'] for r in rs])} | "
                    f"{_changed(was, now)} | {_changed(now, was)} | {diff} |")
     return "\n".join(out) + "\n"
@@ -502,7 +498,7 @@ def report(path: Path = RECORDS) -> str:
             if p is None:  # no interval over one seed: the difference, and the documents' bootstrap
                 t = f"{a[seeds[0]]['test']['bpb'] - b[seeds[0]]['test']['bpb']:+.4f} (1 seed)"
             else:
-                t = _interval(p)
+                t = interval_text(p, tie=True)
             docs = [a[s]["test"]["per_document"] for s in seeds] + [b[s]["test"]["per_document"] for s in seeds]
             if any((d["documents"], d["bytes"]) != (docs[0]["documents"], docs[0]["bytes"]) for d in docs):
                 return t, "(different text)"
@@ -512,7 +508,7 @@ def report(path: Path = RECORDS) -> str:
                 q = paired_bootstrap(*mean_bits, docs[0]["bytes"])
             except ValueError:  # fewer than two documents
                 return t, "—"
-            return t, _interval(q)
+            return t, interval_text(q, tie=True)
 
         for arm in sorted(by, key=lambda a: statistics.mean(r["test"]["bpb"] for r in by[a].values())):
             rs = list(by[arm].values())
@@ -561,7 +557,7 @@ def study_summary(path: Path = RECORDS) -> str | None:
         for scale, clock, series, seeds, p in found:
             twice = sum(1 for x in found if x[:2] == (scale, clock)) > 1  # a second clock series of one pair
             named = f" (series {series or 'a'})" if twice else ""
-            views.append(f"{p['mean']:+.3f} [{p['lo']:+.3f}, {p['hi']:+.3f}] at matched "
+            views.append(f"{interval_text(p, 3)} at matched "
                          f"{'wall-clock' if clock else 'total FLOPs'}{named}"
                          f"{f' ({scale:g}x the budget)' if scale != 1 else ''} ({len(seeds)} seeds; "
                          f"{'tie' if p['tie'] else 'learned better' if p['mean'] < 0 else 'learned worse'})")

@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 from learntok import records
-from learntok.evaluation.stats import paired_interval
+from learntok.evaluation.stats import interval_text, paired_interval
 from learntok.viz.curves import load_metrics
 
 RECORDS = Path(__file__).with_name("records.jsonl")
@@ -82,7 +82,7 @@ def table() -> str:
         d = [by[(a, s)]["val_bpb"] - by[(b, s)]["val_bpb"] for s in seeds if (a, s) in by and (b, s) in by]
         if len(d) >= 2:
             p = paired_interval(d)
-            lines.append(f"- {a} − {b}: {p['mean']:+.4f} [{p['lo']:+.4f}, {p['hi']:+.4f}] val BPB over {len(d)} "
+            lines.append(f"- {a} − {b}: {interval_text(p)} val BPB over {len(d)} "
                          f"seeds ({'tie' if p['tie'] else 'differ'})")
     return "\n".join(lines)
 

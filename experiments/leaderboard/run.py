@@ -37,7 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import arms  # noqa: E402  (experiments/arms.py)
 
-from learntok.evaluation.stats import paired_interval  # noqa: E402
+from learntok.evaluation.stats import interval_text, paired_interval  # noqa: E402
 
 LEADERBOARD_ARMS = ["learned", "uniform", "uniform-random", "whitespace", "bpe", "entropy", "hnet", "dynamic",
                     "flat", "bpe-lm", "uniform-ee", "learned-w1"]
@@ -175,7 +175,7 @@ def headline_pairs(results: dict) -> dict[int, tuple[float, float]]:
 def interval(d: list[float], level: float = 0.95) -> str:
     p = paired_interval(d, level)
     verdict = "tie" if p["tie"] else ("learned better" if p["mean"] < 0 else "uniform better")
-    return f"{p['mean']:+.4f} [{p['lo']:+.4f}, {p['hi']:+.4f}] {verdict}, t = {p['t']:.2f}"
+    return f"{interval_text(p)} {verdict}, t = {p['t']:.2f}"
 
 
 def cmd_headline(args) -> None:

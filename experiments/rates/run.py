@@ -304,7 +304,7 @@ def planted_table(path: Path = PLANTED_RECORDS) -> str:
             shifts = "/".join(f"{x['at'][k]['best_shift']:+d}" for x in by.values())
             lines.append(f"| {k} × word rate | {label} | {len(by)} | {cell['rate']} | {cell['bpb']} | "
                          f"{cell['precision']} | {cell['recall']} | {cell['f1']} | {shifts} |")
-    from learntok.evaluation.stats import paired_interval
+    from learntok.evaluation.stats import interval_text, paired_interval
 
     var, fix = _by(rows, "variable"), _by(rows, "fixed")
     lines += ["", "| asked | BPB, variable − shifted (paired over seeds, 95 % CI) |", "|---|---|"]
@@ -312,7 +312,7 @@ def planted_table(path: Path = PLANTED_RECORDS) -> str:
         d = [var[s]["at"][k]["bpb"] - fix[s]["at"][k]["bpb"] for s in var if s in fix]
         if len(d) >= 2:
             p = paired_interval(d)
-            lines.append(f"| {k} × word rate | {p['mean']:+.4f} [{p['lo']:+.4f}, {p['hi']:+.4f}]"
+            lines.append(f"| {k} × word rate | {interval_text(p)}"
                          f"{' tie' if p['tie'] else ''} ({len(d)} seeds) |")
     return "\n".join(lines) + "\n"
 
@@ -393,7 +393,7 @@ def cmd_swap(args) -> None:
 def swap_table(path: Path = SWAP_RECORDS) -> str:
     """Mean over seeds of each (language model, boundaries) pairing, and the paired differences that split the
     variable model's deficit into its boundaries' part and its language model's."""
-    from learntok.evaluation.stats import paired_interval
+    from learntok.evaluation.stats import interval_text, paired_interval
 
     rows = _rows(path)
     if not rows:
@@ -407,7 +407,7 @@ def swap_table(path: Path = SWAP_RECORDS) -> str:
         if len(d) < 2:
             return f"{d[0]:+.4f} (1 seed)" if d else "—"
         p = paired_interval(d)
-        return f"{p['mean']:+.4f} [{p['lo']:+.4f}, {p['hi']:+.4f}]" + (" tie" if p["tie"] else "")
+        return interval_text(p, tie=True)
 
     for k in rows[0]["at"]:
         v = {m: [x["at"][k][m] for x in rows] for m in rows[0]["at"][k]}
@@ -445,7 +445,7 @@ def _by(rows, arm: str) -> dict[int, dict]:
 def _diff(a: dict[int, dict], b: dict[int, dict], key_a: str, key_b: str, split: str = "test",
           margin: float | None = None) -> str:
     """a - b in BPB paired by seed, 95 % t-interval, and the reading."""
-    from learntok.evaluation.stats import paired_interval
+    from learntok.evaluation.stats import interval_text, paired_interval
 
     d = [a[s]["at"][key_a][split]["bpb"] - b[s]["at"][key_b][split]["bpb"] for s in sorted(a) if s in b]
     if len(d) < 2:
@@ -454,7 +454,7 @@ def _diff(a: dict[int, dict], b: dict[int, dict], key_a: str, key_b: str, split:
     what = "tie" if p["tie"] else ("better" if p["mean"] < 0 else "worse")
     if margin is not None:
         what += f"; within {margin:g}: {'yes' if p['hi'] < margin else 'no'}"
-    return f"{p['mean']:+.4f} [{p['lo']:+.4f}, {p['hi']:+.4f}] {what} ({len(d)} seeds)"
+    return f"{interval_text(p)} {what} ({len(d)} seeds)"
 
 
 def table(path: Path = RECORDS) -> str:
@@ -498,7 +498,7 @@ def table(path: Path = RECORDS) -> str:
 
 def summary(path: Path = RECORDS) -> str | None:
     """The README's line: the variable-rate model against the dedicated and the shifted models, and its rates."""
-    from learntok.evaluation.stats import paired_interval
+    from learntok.evaluation.stats import interval_text, paired_interval
 
     rows = _rows(path)
     var, shifted = _by(rows, CHOSEN), _by(rows, SHIFTED)
@@ -510,7 +510,7 @@ def summary(path: Path = RECORDS) -> str | None:
         if len(d) < 2:
             return "—"
         p = paired_interval(d)
-        return f"{p['mean']:+.3f} [{p['lo']:+.3f}, {p['hi']:+.3f}]"
+        return interval_text(p, 3)
 
     ded = " / ".join(ci(_by(rows, f"fixed-{r:g}"), f"{r:g}") for r in RATES)
     shift = " / ".join(ci(shifted, f"{r:g}") for r in RATES if r != 0.2)
@@ -533,7 +533,7 @@ LEVERS = (("fixed-0.2-ngrams", "fixed-0.2"), ("fixed-0.2-chunks", "fixed-0.2"), 
 def levers_table(path: Path = RECORDS) -> str:
     """Hashed embeddings at rate 0.2: each arm's test BPB at its own rate (the learned arms calibrated to 0.2) and
     the paired difference from the same arm without the embedding."""
-    from learntok.evaluation.stats import paired_interval
+    from learntok.evaluation.stats import interval_text, paired_interval
 
     rows = _rows(path)
     lines = ["| arm | seeds | test BPB at 0.2 | − the same without it (paired, 95 % CI) | MB | train s |",
@@ -545,7 +545,7 @@ def levers_table(path: Path = RECORDS) -> str:
         d = [a[s]["at"]["0.2"]["test"]["bpb"] - b[s]["at"]["0.2"]["test"]["bpb"] for s in sorted(a) if s in b]
         if len(d) >= 2:
             p = paired_interval(d)
-            diff = f"{p['mean']:+.4f} [{p['lo']:+.4f}, {p['hi']:+.4f}]" + (" tie" if p["tie"] else "")
+            diff = interval_text(p, tie=True)
         else:
             diff = "—" if not d else f"{d[0]:+.4f} (1 seed)"
         lines.append(f"| `{arm}` | {len(a)} | {_cell([x['at']['0.2']['test']['bpb'] for x in a.values()])} | {diff} | "

@@ -92,7 +92,7 @@ def rescore(data: Path, out: Path, arms_to_run) -> None:
 def table(path: Path = RECORDS) -> str:
     """Per task: gold-answer BPB and accuracy of each arm, and the learned model's paired differences (same
     examples) with 95 % t-intervals; then BPB under byte noise (markdown)."""
-    from learntok.evaluation.stats import paired_interval
+    from learntok.evaluation.stats import interval_text, paired_interval
 
     recs = {r["arm"]: r for r in records.load(path)}
     names = [n for n in ("enwiki-small", "uniform", "bpe-lm") if n in recs]
@@ -105,7 +105,7 @@ def table(path: Path = RECORDS) -> str:
         a = recs["enwiki-small"]["robustness"]["cute"][task]["values"][key]
         b = recs[other]["robustness"]["cute"][task]["values"][key]
         p = paired_interval([x - y for x, y in zip(a, b)])
-        return f"{p['mean']:+.3f} [{p['lo']:+.3f}, {p['hi']:+.3f}]" + (" tie" if p["tie"] else "")
+        return interval_text(p, 3, tie=True)
 
     lines = ["| task (chance) | " + " | ".join(f"{label[n]}: gold BPB; accuracy" for n in names) + " | "
              + " | ".join(f"learned − {label[n]}: gold BPB; accuracy" for n in others) + " |",

@@ -15,6 +15,7 @@ import math
 from pathlib import Path
 
 from learntok.evaluation.report import read_eval
+from learntok.evaluation.stats import interval_text
 from learntok.evaluation.tasks import TASKS
 
 DIGITS = 3
@@ -195,6 +196,6 @@ def paired_bpb(path_a: str | Path, path_b: str | Path, *, resamples: int = 10_00
 def format_paired(p: dict) -> str:
     """One line: the difference, its interval and the reading."""
     word = "tie" if p["tie"] else ("A better" if p["mean"] < 0 else "B better")
-    return (f"held-out BPB {p['a']} − {p['b']}: {p['mean']:+.4f} [{p['lo']:+.4f}, {p['hi']:+.4f}] {word} "
+    return (f"held-out BPB {p['a']} − {p['b']}: {interval_text(p)} {word} "
             f"({p['bpb_a']:.4f} vs {p['bpb_b']:.4f}; paired bootstrap over {p['units']} {p['unit']}, {p['bytes']:,} "
             f"bytes, {p['resamples']:,} resamples, {p['level']:.0%})")

@@ -212,6 +212,13 @@ def paired_bootstrap(bits_a: Sequence[float], bits_b: Sequence[float], n_bytes: 
             "resamples": resamples, "level": level, "tie": bool(lo <= 0.0 <= hi)}
 
 
+def interval_text(p: dict, digits: int = 4, tie: bool = False) -> str:
+    """A paired interval (paired_interval's or paired_bootstrap's dict) as every table prints it: `mean [lo, hi]`,
+    signed; with `tie`, " tie" appended when the interval covers 0."""
+    text = f"{p['mean']:+.{digits}f} [{p['lo']:+.{digits}f}, {p['hi']:+.{digits}f}]"
+    return text + (" tie" if tie and p["tie"] else "")
+
+
 def paired_interval(diffs: Sequence[float], level: float = 0.95) -> dict:
     """Mean of paired differences (one per seed) with its Student-t interval: {"mean", "half", "se", "n", "t",
     "lo", "hi", "tie"} ("tie": the interval covers 0). Needs at least 2 differences."""
