@@ -294,10 +294,12 @@ def _trained(out: Path, arm: str, scale: float, clock: bool, seed: int, series: 
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def _agrees(run: Path, flags: list[str]) -> bool:
-    """Whether an unfinished run's saved model and boundary config is what `flags` build (resuming it would train
-    the saved one whatever the flags say)."""
-    return not arms.config_differences(run, ["--preset", "small", *flags])
+def _other_allocation(run: Path, done: dict | None, flags: list[str]) -> bool:
+    """Whether RUN trained (`done`: its final.json) or began training (its saved config) with other flags than
+    `flags` (resuming an unfinished one would train the saved model whatever the flags say)."""
+    if done:
+        return done["flags"] != flags
+    return (run / "config.json").exists() and bool(arms.config_differences(run, ["--preset", "small", *flags]))
 
 
 def _stale(out: Path) -> list[tuple[Path, dict | None, list[str]]]:
@@ -309,7 +311,7 @@ def _stale(out: Path) -> list[tuple[Path, dict | None, list[str]]]:
         done = json.loads((run / "final.json").read_text()) if (run / "final.json").exists() else None
         method, ngrams = method_of[run.name.removeprefix("final-").rsplit("-x", 1)[0]]
         now = _flags(method, allocation(out, method), ngrams)[2:]
-        if (done["flags"] != now) if done else ((run / "config.json").exists() and not _agrees(run, now)):
+        if _other_allocation(run, done, now):
             found.append((run, done, now))
     return found
 
@@ -334,14 +336,13 @@ def cmd_final(args) -> None:
             run = _run_dir(args.out, arm, args.scale, args.clock, seed, args.series)
             flags = _flags(method, allocation(args.out, method), ngrams)[2:]  # train_arm adds --preset small
             done = _trained(args.out, arm, args.scale, args.clock, seed, args.series)
-            if done and done["flags"] != flags:
+            if _other_allocation(run, done, flags):
                 sys.exit(f"{run} trained with {' '.join(done['flags'])}, but the allocation now gives "
-                         f"{' '.join(flags)}: the seeds of one arm must train one model (use another --out)")
+                         f"{' '.join(flags)}: the seeds of one arm must train one model (run `retire` to move it "
+                         "aside)" if done else f"{run} is an unfinished run of another allocation than "
+                         f"{' '.join(flags)}: resuming it would train that one (run `retire` to move it aside)")
             if done:
                 continue
-            if (run / "config.json").exists() and not _agrees(run, flags):
-                sys.exit(f"{run} is an unfinished run of another allocation than {' '.join(flags)}: resuming it "
-                         "would train that one (run `retire` to move it aside)")
             ref = "flat-ngrams" if ngrams else "flat"  # the clock's: the flat model with the same embeddings
             if args.clock:  # the reference trains again too, beside the others: the CPU's speed drifts by hours
                 flat = [_trained(args.out, ref, args.scale, False, s) for s in args.seeds]
