@@ -362,6 +362,9 @@ def test_allocation_study_summary_pairs_seeds_and_names_shapes(tmp_path):
     line = alloc.study_summary(path)  # one pair's views together; two clock series of it are told apart
     assert line.count("learned-ngrams − flat-ngrams") == 1
     assert "at matched wall-clock (series a) (2 seeds" in line and "at matched wall-clock (series b) (2 seeds" in line
+    bpe = ["--arch", "token", "--bpe-vocab-size", "4096", "--d-model", "64", "--n-mid", "4", "--bpe-vocab-size", "2048"]
+    records.write(path, [*records.load(path), *[{**final("bpe-lm-ngrams", s, 2.2), "flags": bpe} for s in (0, 1)]])
+    assert "bpe-lm d 64 × 4, vocabulary 2,048" in alloc.study_summary(path)  # the allocation's flag, given last
 
 
 def test_allocation_restore_rebuilds_out_from_the_records_and_collect_never_drops_a_cell(tmp_path, monkeypatch):

@@ -542,10 +542,10 @@ def study_summary(path: Path = RECORDS) -> str | None:
     by: dict[tuple, dict[str, dict[int, float]]] = {}
     shapes = {}
     for r in (r for r in records.load(path) if not r.get("retired")):
-        f = r["flags"]
-        d, n = (f[f.index(k) + 1] if k in f else v for k, v in (("--d-model", preset.d_model),
-                                                                ("--n-mid", preset.n_mid)))
-        shapes[r["method"]] = f"{r['method']} d {d} × {n}"  # the preset's where the sweep kept it
+        f = {k: v for k, v in zip(r["flags"], r["flags"][1:]) if k.startswith("--")}  # the last value wins
+        d, n = f.get("--d-model", preset.d_model), f.get("--n-mid", preset.n_mid)
+        vocab = f", vocabulary {int(f['--bpe-vocab-size']):,}" if "--bpe-vocab-size" in f else ""
+        shapes[r["method"]] = f"{r['method']} d {d} × {n}{vocab}"  # the preset's where the sweep kept it
         by.setdefault(_budget_key(r), {}).setdefault(r["arm"], {})[r["seed"]] = r["test"]["bpb"]
     parts = []
     for a, b in STUDY_PAIRS:
