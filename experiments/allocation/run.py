@@ -337,10 +337,10 @@ def cmd_final(args) -> None:
             flags = _flags(method, allocation(args.out, method), ngrams)[2:]  # train_arm adds --preset small
             done = _trained(args.out, arm, args.scale, args.clock, seed, args.series)
             if _other_allocation(run, done, flags):
-                sys.exit(f"{run} trained with {' '.join(done['flags'])}, but the allocation now gives "
-                         f"{' '.join(flags)}: the seeds of one arm must train one model (run `retire` to move it "
-                         "aside)" if done else f"{run} is an unfinished run of another allocation than "
-                         f"{' '.join(flags)}: resuming it would train that one (run `retire` to move it aside)")
+                why = (f"trained with {' '.join(done['flags'])}, but the allocation now gives {' '.join(flags)}: the "
+                       "seeds of one arm must train one model" if done else f"is an unfinished run of another "
+                       f"allocation than {' '.join(flags)}: resuming it would train that one")
+                sys.exit(f"{run} {why} (run `retire` to move it aside)")
             if done:
                 continue
             ref = "flat-ngrams" if ngrams else "flat"  # the clock's: the flat model with the same embeddings
@@ -427,13 +427,15 @@ def cmd_retire(args) -> None:
           f"{args.results}")
 
 
-def _changed(a: list[str], b: list[str]) -> str:
-    """The options of flag list `a` that `b` lacks or sets to another value (an option's last `--name value` wins,
-    as on the command line; the allocation's flags follow the method's)."""
-    def options(flags: list[str]) -> dict[str, str]:
-        return {x: v for x, v in zip(flags, flags[1:]) if x.startswith("--") and not v.startswith("--")}
+def _options(flags: list[str]) -> dict[str, str]:
+    """A flag list's `--name value` options, the last value of each winning as on the command line (the
+    allocation's flags follow the method's)."""
+    return {x: v for x, v in zip(flags, flags[1:]) if x.startswith("--") and not v.startswith("--")}
 
-    a_, b_ = options(a), options(b)
+
+def _changed(a: list[str], b: list[str]) -> str:
+    """The options of flag list `a` that `b` lacks or sets to another value."""
+    a_, b_ = _options(a), _options(b)
     return " ".join(f"{k} {v}" for k, v in a_.items() if b_.get(k) != v)
 
 
@@ -542,7 +544,7 @@ def study_summary(path: Path = RECORDS) -> str | None:
     by: dict[tuple, dict[str, dict[int, float]]] = {}
     shapes = {}
     for r in (r for r in records.load(path) if not r.get("retired")):
-        f = {k: v for k, v in zip(r["flags"], r["flags"][1:]) if k.startswith("--")}  # the last value wins
+        f = _options(r["flags"])
         d, n = f.get("--d-model", preset.d_model), f.get("--n-mid", preset.n_mid)
         vocab = f", vocabulary {int(f['--bpe-vocab-size']):,}" if "--bpe-vocab-size" in f else ""
         shapes[r["method"]] = f"{r['method']} d {d} × {n}{vocab}"  # the preset's where the sweep kept it
