@@ -339,6 +339,7 @@ def allocation(records_file: str) -> callable:
 
 BLOCKS = {"allocation": allocation("records.jsonl"), "allocation-preset": allocation("records-preset.jsonl"),
           "allocation-sweep": lambda: _script("allocation").sweep_table(),
+          "allocation-levers": lambda: _script("allocation").levers_table(),
           "rates": rates("table"), "rates-calibration": rates("calibration"), "rates-screen": rates("screen"),
           "rates-planted": rates("planted"), "rates-levers": rates("levers"), "rates-swap": rates("swap"),
           "embeddings-speed": embeddings_speed,

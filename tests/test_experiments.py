@@ -234,7 +234,7 @@ def test_allocation_final_clock_matches_the_flat_arm_with_the_same_embeddings(tm
 
     def train_arm(run, data, method, **kw):
         calls.append((run.name, kw))
-        return {"bytes": 1.0, "train_seconds": kw["time_budget"], "command": "x", "provenance": {}}
+        return {"bytes": 1.0, "train_seconds": kw.get("time_budget", 1.0), "command": "x", "provenance": {}}
 
     monkeypatch.setattr(alloc.arms, "train_arm", train_arm)
     args = ["final", "--data", str(tmp_path), "--out", str(tmp_path), "--seeds", "0", "--clock", "--ngrams",
@@ -261,6 +261,17 @@ def test_allocation_final_clock_matches_the_flat_arm_with_the_same_embeddings(tm
         monkeypatch.setattr(sys, "argv", ["run.py", "final", "--data", str(tmp_path), "--out", str(tmp_path), *bad])
         with pytest.raises(SystemExit, match="--series"):
             alloc.main()
+    base = ["run.py", "final", "--data", str(tmp_path), "--out", str(tmp_path), "--seeds", "0", "--arms", "flat"]
+    monkeypatch.setattr(sys, "argv", [*base, "--convention", "6n", "--budget-bytes", "2e4"])
+    alloc.main()  # the accounting lever's control: the budget matched in the paper's 6N, in a directory of its own
+    assert calls[-1][0] == "final-flat-x1-6n-seed0" and calls[-1][1]["flops_convention"] == "6n"
+    assert calls[-1][1]["flops_budget"] == pytest.approx(alloc.budget(1.0, 2e4, "6n"))
+    assert alloc.budget(1.0, 2e4, "6n") < alloc.budget(1.0, 2e4)  # attention is free in 6N
+    done = json.loads((tmp_path / "final-flat-x1-6n-seed0" / "final.json").read_text())
+    assert done["budget"]["match"] == "flops-6n"
+    monkeypatch.setattr(sys, "argv", [*base, "--convention", "6n", "--clock"])
+    with pytest.raises(SystemExit, match="--convention 6n: --clock matches seconds"):
+        alloc.main()
 
 
 def test_allocation_retire_moves_stale_runs_aside_and_keeps_their_records_out_of_the_tables(tmp_path, monkeypatch):
@@ -346,25 +357,58 @@ def test_allocation_study_summary_pairs_seeds_and_names_shapes(tmp_path):
     records.write(path, [*records.load(path), final("learned-ngrams", 1, 2.05), final("flat-ngrams", 1, 2.2),
                          final("learned-ngrams", 0, 2.3, "time"), final("flat-ngrams", 0, 2.2, "time")])
     line = alloc.study_summary(path)
-    assert "learned d 64 × 2" in line and "flat d 96 × 3" in line
-    assert "learned-ngrams − flat-ngrams -0.125 [" in line and "(2 seeds; tie)" in line  # t(1) is wide
-    assert "at matched total FLOPs (2 seeds; tie)" in line
-    assert "at matched wall-clock" not in line  # the clock budget has one seed only
+    assert "flat FLOPs -0.125 [" in line and "] tie (2)" in line  # t(1) is wide: two seeds tie
+    assert "clock" not in line.split("(clock):")[1]  # the clock budget has one seed only
     records.write(path, [*records.load(path), final("learned-ngrams", 1, 2.2, "time"),
                          {**final("flat-ngrams", 1, 2.1, "time"), "budget": {"scale": 1.0, "match": "time",
                                                                             "time_budget": 1e2, "series": "b"}}])
-    assert "at matched wall-clock" not in alloc.study_summary(path)  # a series pairs only among its own runs
+    assert "clock" not in alloc.study_summary(path).split("(clock):")[1]  # a series pairs only among its own runs
     series_b = {"scale": 1.0, "match": "time", "time_budget": 1e2, "series": "b"}
     records.write(path, [*records.load(path), {**final("flat-ngrams", 0, 2.2, "time"), "budget": series_b},
                          {**final("learned-ngrams", 0, 2.0, "time"), "budget": series_b},
                          {**final("learned-ngrams", 1, 2.1, "time"), "budget": series_b},
                          final("flat-ngrams", 1, 2.1, "time")])
     line = alloc.study_summary(path)  # one pair's views together; two clock series of it are told apart
-    assert line.count("learned-ngrams − flat-ngrams") == 1
-    assert "at matched wall-clock (series a) (2 seeds" in line and "at matched wall-clock (series b) (2 seeds" in line
+    assert line.count("flat FLOPs") == 1 and "clock a +0.100 [" in line and "clock b -0.100 [" in line
+    assert "Without n-grams" not in line
+    records.write(path, [*records.load(path), final("learned", 0, 2.4), final("flat", 0, 2.3),
+                         final("learned", 1, 2.45), final("flat", 1, 2.3)])
+    assert "Without n-grams, learned − flat FLOPs +0.125 [" in alloc.study_summary(path)
     bpe = ["--arch", "token", "--bpe-vocab-size", "4096", "--d-model", "64", "--n-mid", "4", "--bpe-vocab-size", "2048"]
     records.write(path, [*records.load(path), *[{**final("bpe-lm-ngrams", s, 2.2), "flags": bpe} for s in (0, 1)]])
-    assert "bpe-lm d 64 × 4, vocabulary 2,048" in alloc.study_summary(path)  # the allocation's flag, given last
+    assert "BPE transformer (vocabulary 2,048) FLOPs" in alloc.study_summary(path)  # the allocation's flag, given last
+
+
+def test_allocation_levers_pair_each_lever_over_seeds(tmp_path):
+    """The levers table: each lever's change on an arm's test BPB and on learned's gap, paired over the seeds
+    both sides have (n-grams: with − without; allocation: own − the preset screen's; accounting: total − 6N;
+    clock: wall-clock − total FLOPs), a t-interval from two seeds and one seed's difference marked as such."""
+    alloc = _allocation()
+
+    def final(arm, seed, bpb, match="flops-total", series=""):
+        return records.make("allocation", arm, seed, command="x", method=arm.removesuffix("-ngrams"), flags=[],
+                            test={"bpb": bpb}, budget={"scale": 1.0, "match": match, "flops_budget": 1e2,
+                                                       **({"series": series} if series else {})})
+
+    path, preset = tmp_path / "records.jsonl", tmp_path / "preset.jsonl"
+    records.write(path, [final("learned-ngrams", 0, 1.8), final("learned-ngrams", 1, 1.9),
+                         final("flat-ngrams", 0, 1.9), final("flat-ngrams", 1, 2.1),
+                         final("learned", 0, 2.3), final("flat", 0, 2.2),
+                         final("learned-ngrams", 0, 1.85, "flops-6n"), final("flat-ngrams", 0, 1.85, "flops-6n"),
+                         final("learned-ngrams", 0, 1.7, "time", "c"), final("learned-ngrams", 1, 1.8, "time", "c")])
+    records.write(preset, [final("learned-ngrams", 0, 2.0), final("flat-ngrams", 0, 2.2)])
+    rows = {tuple(c.strip() for c in line.split("|")[1:4]): line.split("|")[4:6]
+            for line in alloc.levers_table(path, preset).splitlines()[2:]}
+    assert rows["n-gram embeddings", "learned", "its own allocation"] == [" 1 ", " -0.5000 (1 seed) "]
+    assert rows["n-gram embeddings", "learned − flat", "its own allocation"] == [" 1 ", " -0.2000 (1 seed) "]
+    assert rows["allocation: own instead of the preset's", "learned-ngrams − flat-ngrams", "total FLOPs"][1] == \
+        " +0.1000 (1 seed) "  # -0.1 now against -0.2 in the preset's shape
+    assert rows["accounting: total FLOPs instead of 6N", "learned-ngrams − flat-ngrams", "own allocation"][1] == \
+        " -0.1000 (1 seed) "
+    n, text = rows["wall-clock instead of total FLOPs", "learned-ngrams", "clock series c"]
+    assert n.strip() == "2" and text.startswith(" -0.1000 [-0.1000, -0.1000]")  # both seeds moved by -0.1
+    assert ("n-gram embeddings", "learned", "the preset's shape") not in rows  # the preset has no plain arm
+    assert alloc.levers_table(tmp_path / "none.jsonl", tmp_path / "none.jsonl") == "(no paired runs yet)\n"
 
 
 def test_allocation_restore_rebuilds_out_from_the_records_and_collect_never_drops_a_cell(tmp_path, monkeypatch):

@@ -8,6 +8,7 @@ wall-clock.
     python experiments/allocation/run.py best --out runs/alloc                                  # chosen on validation
     python experiments/allocation/run.py final --data DATA/enwiki --out runs/alloc --scale 1
     python experiments/allocation/run.py final --data DATA/enwiki --out runs/alloc --scale 1 --clock
+    python experiments/allocation/run.py final --data DATA/enwiki --out runs/alloc --convention 6n  # accounting
     python experiments/allocation/run.py evaluate --out runs/alloc
     python experiments/allocation/run.py retire --out runs/alloc    # after a sweep stage changed an allocation
     python experiments/allocation/run.py report
@@ -17,28 +18,29 @@ Budget: the total training FLOPs (learntok.model.flops, convention `total`: the 
 6e6 bytes of `uniform` at rate 0.2 in the `small` preset's shape, so the flat model's full attention and every
 method's attention over its tokens are paid for. `--scale 4` is 4x it.
 
-Stage 1 sweeps width and depth (d_model with its heads, and the token-level depth n_mid, or the flat and BPE
-models' own depth) for each method in SWEPT (bpe, entropy and hnet take uniform's allocation), one seed, each cell
-at the budget (`learntok sweep`, one run directory per cell, resumable). Stage 2 sweeps the byte window, and the
-target rate for methods that have one (the BPE transformer: its vocabulary), at stage 1's best width and depth.
-`best` reads both stages' validation BPB and prints the allocation each method trains with. `final` trains every
-method (and its n-gram variant, `--ngrams`) at its allocation with --seeds (5 for learned, uniform, flat and
-bpe-lm, 3 for the others by default) to the budget times --scale; with --clock each trains instead for the median
-training seconds of the flat model with the same embeddings at that scale (the matched wall-clock view; that flat
-arm's FLOPs runs must be finished first; it trains again for those seconds too, each seed beside the others', since
-this CPU's speed drifts by ±7 % over hours and a clock set by runs hours earlier would favour whichever arm ran at
-the faster time); --arms picks some arms only; `--clock --series NAME` trains a new set of clock runs paired only
-among themselves (e.g. learned-ngrams beside bpe-lm-ngrams, after the first set paired learned with flat).
-`evaluate` scores every finished final run on the test split after its first 256 KB (which earlier screens read many
-times), 512 KB of it, per document, and on validation, into experiments/allocation/records.jsonl. `retire` moves
-aside the final runs a later sweep stage made stale (their flags are no longer their method's allocation) and marks
-their records retired: kept and listed, out of the tables and the README, so `final` trains those arms again.
-`restore` rebuilds OUT's bookkeeping from the committed records when its run directories are gone (a new machine): the
-sweeps' cells and the finished final runs, so the allocations stand and nothing finished trains again.
-`report` prints the tables: test BPB per method, the paired t-interval over seeds against `flat` and `bpe-lm` (and
-learned's against it), and a paired bootstrap over documents (each document's bits averaged over seeds) for the same
-pairs. Everything resumes: finished cells and runs are skipped, an interrupted one continues from its checkpoint.
-Settings are chosen on validation only.
+Stage 1 sweeps width and depth (d_model with its heads, and the token-level depth n_mid, or the flat and BPE models'
+own depth) for each method in SWEPT (bpe, entropy and hnet take uniform's allocation), one seed, each cell at the
+budget (`learntok sweep`, one run directory per cell, resumable). Stage 2 sweeps the byte window, and the target
+rate for methods that have one (the BPE transformer: its vocabulary), at stage 1's best width and depth. `best`
+reads both stages' validation BPB and prints the allocation each method trains with. `final` trains every method
+(and its n-gram variant, `--ngrams`) at its allocation with --seeds (5 for learned, uniform, flat and bpe-lm, 3 for
+the others by default) to the budget times --scale; with --clock each trains instead for the median training seconds
+of the flat model with the same embeddings at that scale (the matched wall-clock view; that flat arm's FLOPs runs
+must be finished first; it trains again for those seconds too, each seed beside the others', since this CPU's speed
+drifts by ±7 % over hours and a clock set by runs hours earlier would favour whichever arm ran at the faster time);
+`--convention 6n` matches the budget in the paper's 6N instead (attention free: the accounting lever's control, its
+runs in directories of their own); --arms picks some arms only; `--clock --series NAME` trains a new set of clock
+runs paired only among themselves (e.g. learned-ngrams beside bpe-lm-ngrams, after the first set paired learned with
+flat). `evaluate` scores every finished final run on the test split after its first 256 KB (which earlier screens
+read many times), 512 KB of it, per document, and on validation, into experiments/allocation/records.jsonl. `retire`
+moves aside the final runs a later sweep stage made stale (their flags are no longer their method's allocation) and
+marks their records retired: kept and listed, out of the tables and the README, so `final` trains those arms again.
+`restore` rebuilds OUT's bookkeeping from the committed records when its run directories are gone (a new machine):
+the sweeps' cells and the finished final runs, so the allocations stand and nothing finished trains again. `report`
+prints the tables (`levers_table`: what each lever changed, for docs/results.md): test BPB per method, the paired
+t-interval over seeds against `flat` and `bpe-lm` (and learned's against it), and a paired bootstrap over documents
+(each document's bits averaged over seeds) for the same pairs. Everything resumes: finished cells and runs are
+skipped, an interrupted one continues from its checkpoint. Settings are chosen on validation only.
 """
 
 from __future__ import annotations
@@ -95,9 +97,10 @@ DEPTH = {"flat": "n-mid=1,2,3", "bpe-lm": "n-mid=2,4,6"}
 UNET_DEPTH = "n-mid=2,3,5"
 
 
-def budget(scale: float = 1.0, budget_bytes: float = BUDGET_BYTES) -> float:
-    """Total training FLOPs of `budget_bytes` of `uniform` at RATE, the small preset's shape and batch (8 x 512):
-    its counter's `total` convention on rows of 103 tokens (a boundary every 5 bytes from the first)."""
+def budget(scale: float = 1.0, budget_bytes: float = BUDGET_BYTES, convention: str = "total") -> float:
+    """Training FLOPs of `budget_bytes` of `uniform` at RATE, the small preset's shape and batch (8 x 512), in
+    its counter's `convention` (learntok.model.flops: `total` by default; `6n` is the paper's) on rows of 103
+    tokens (a boundary every 5 bytes from the first)."""
     from learntok.cli.train import parse_train_args
     from learntok.model import build_model
 
@@ -106,7 +109,7 @@ def budget(scale: float = 1.0, budget_bytes: float = BUDGET_BYTES) -> float:
     rows, L = cfg.batch_size, cfg.data.seq_len
     tokens = -(-L // round(1 / RATE))
     step = model.flops_conventions(rows, L, rows * tokens, rows * tokens, rows * tokens * (tokens + 1) / 2)
-    return scale * budget_bytes * step["total"] / (rows * L)
+    return scale * budget_bytes * step[convention] / (rows * L)
 
 
 def _flags(method: str, allocation: dict[str, str] | None = None, ngrams: bool = False, rate: bool = True) -> list[str]:
@@ -285,12 +288,16 @@ def _arms(ngrams: bool) -> list[tuple[str, str, bool]]:
     return out
 
 
-def _run_dir(out: Path, arm: str, scale: float, clock: bool, seed: int, series: str = "") -> Path:
-    return out / f"final-{arm}-x{scale:g}{'-clock' if clock else ''}{'-' + series if series else ''}-seed{seed}"
+def _run_dir(out: Path, arm: str, scale: float, clock: bool, seed: int, series: str = "",
+             convention: str = "total") -> Path:
+    """final-ARM-xSCALE[-CONVENTION unless total][-clock[-SERIES]]-seedSEED"""
+    tag = "" if convention == "total" else f"-{convention}"
+    return out / f"final-{arm}-x{scale:g}{tag}{'-clock' if clock else ''}{'-' + series if series else ''}-seed{seed}"
 
 
-def _trained(out: Path, arm: str, scale: float, clock: bool, seed: int, series: str = "") -> dict | None:
-    path = _run_dir(out, arm, scale, clock, seed, series) / "final.json"
+def _trained(out: Path, arm: str, scale: float, clock: bool, seed: int, series: str = "",
+             convention: str = "total") -> dict | None:
+    path = _run_dir(out, arm, scale, clock, seed, series, convention) / "final.json"
     return json.loads(path.read_text()) if path.exists() else None
 
 
@@ -327,15 +334,17 @@ def _paired(a: dict[int, float], b: dict[int, float]) -> tuple[list[int], dict |
 def cmd_final(args) -> None:
     if args.series and (not args.clock or not args.series.isalnum()):
         sys.exit(f"--series {args.series!r}: needs --clock and a name of letters and digits")
+    if args.clock and args.convention != "total":
+        sys.exit(f"--convention {args.convention}: --clock matches seconds, not FLOPs; give one or the other")
     for seed in args.seeds:
         for arm, method, ngrams in _arms(args.ngrams):
             if method not in args.methods or (args.arms and arm not in args.arms):
                 continue
             if seed not in (args.seeds if method in MANY_SEEDS else args.seeds[:args.few_seeds]):
                 continue
-            run = _run_dir(args.out, arm, args.scale, args.clock, seed, args.series)
+            run = _run_dir(args.out, arm, args.scale, args.clock, seed, args.series, args.convention)
             flags = _flags(method, allocation(args.out, method), ngrams)[2:]  # train_arm adds --preset small
-            done = _trained(args.out, arm, args.scale, args.clock, seed, args.series)
+            done = _trained(args.out, arm, args.scale, args.clock, seed, args.series, args.convention)
             if _other_allocation(run, done, flags):
                 why = (f"trained with {' '.join(done['flags'])}, but the allocation now gives {' '.join(flags)}: the "
                        "seeds of one arm must train one model" if done else f"is an unfinished run of another "
@@ -351,11 +360,12 @@ def cmd_final(args) -> None:
                     sys.exit(f"--clock: the {ref} arm's FLOPs runs at this scale must finish first")
                 kw = {"time_budget": statistics.median(secs)}
             else:
-                kw = {"flops_budget": budget(args.scale, args.budget_bytes), "flops_convention": "total"}
+                kw = {"flops_budget": budget(args.scale, args.budget_bytes, args.convention),
+                      "flops_convention": args.convention}
             print(f"training {run.name}", flush=True)
             res = arms.train_arm(run, args.data, method, rate=RATE, seed=seed, flags=flags, **kw)
             res["flags"], res["method"], res["ngrams"] = flags, method, ngrams
-            res["budget"] = {"scale": args.scale, "match": "time" if args.clock else "flops-total", **kw,
+            res["budget"] = {"scale": args.scale, "match": "time" if args.clock else f"flops-{args.convention}", **kw,
                              **({"reference": ref} if args.clock else {}),
                              **({"series": args.series} if args.series else {})}
             atomic.write_text(run / "final.json", json.dumps(res, indent=1) + "\n")  # _trained reads it whole
@@ -392,10 +402,20 @@ def cmd_evaluate(args) -> None:
         print(f"{run.name}: test BPB {scores['test']['bpb']:.4f} (val {scores['val']['bpb']:.4f})", flush=True)
 
 
+VIEWS = {"flops-total": "total FLOPs", "time": "wall-clock", "flops-6n": "6N FLOPs (the paper's)",
+         "flops-6n-padded": "6N FLOPs with padded token slots"}
+"""What a final run's budget matched (its record's budget.match), in the order the tables show them."""
+
+
 def _budget_key(r: dict) -> tuple[float, str, float, str]:
     """What a final run's record is paired within: its scale, match, budget (FLOPs or seconds) and clock series."""
     b = r["budget"]
     return b["scale"], b["match"], float(f"{b.get('flops_budget') or b.get('time_budget'):.4g}"), b.get("series", "")
+
+
+def _view_order(key: tuple[float, str, float, str]) -> tuple:
+    """Tables by scale, then total FLOPs, wall-clock (its series in turn) and the 6N conventions."""
+    return key[0], list(VIEWS).index(key[1]), key[3], key[2]
 
 
 def cmd_retire(args) -> None:
@@ -456,7 +476,7 @@ def retired_table(path: Path = RECORDS) -> str:
         groups.setdefault((r["arm"], _budget_key(r)), []).append(r)
     for (arm, key), rs in sorted(groups.items()):
         was, now = rs[0]["flags"], rs[0]["retired"]["now"]
-        view = f"x{key[0]:g} {'wall-clock' if key[1] == 'time' else 'total FLOPs'}{' ' + key[3] if key[3] else ''}"
+        view = f"x{key[0]:g} {VIEWS[key[1]]}{' ' + key[3] if key[3] else ''}"
         learned = {r["seed"]: r["test"]["bpb"] for r in every if not r.get("retired") and _budget_key(r) == key
                    and r["arm"] == "learned" + ("-ngrams" if arm.endswith("-ngrams") else "")}
         seeds, p = _paired(learned, {r["seed"]: r["test"]["bpb"] for r in rs})
@@ -477,7 +497,7 @@ def report(path: Path = RECORDS) -> str:
     if not rows:
         return "(no records yet)\n" + retired_table(path)
     out = []
-    for key in sorted({_budget_key(r) for r in rows}):
+    for key in sorted({_budget_key(r) for r in rows}, key=_view_order):
         sub = [r for r in rows if _budget_key(r) == key]
         by = {}
         for r in sub:
@@ -485,9 +505,9 @@ def report(path: Path = RECORDS) -> str:
         n_test = sub[0]["test"]["bytes"]
         unit = "s" if key[1] == "time" else "FLOPs"
         series = f" (clock series {key[3]}: its arms trained beside each other)" if key[3] else ""
-        out += [f"Budget x{key[0]:g} of the reference ({key[2]:.4g} {unit}), matched {key[1]}{series}; test BPB on "
-                f"{n_test:,} bytes after the first {SKIP_BYTES // 1024} KB; bootstrap: each document's bits averaged "
-                f"over the paired seeds.", "",
+        out += [f"Budget x{key[0]:g} of the reference ({key[2]:.4g} {unit}), matched {VIEWS[key[1]]}{series}; test "
+                f"BPB on {n_test:,} bytes after the first {SKIP_BYTES // 1024} KB; bootstrap: each document's bits "
+                f"averaged over the paired seeds.", "",
                 "| arm | seeds | test BPB | val BPB | total GFLOPs | train s | − flat (seeds, 95 % t) | "
                 "− flat (documents, bootstrap) | − bpe-lm (seeds, 95 % t) | − bpe-lm (documents, bootstrap) | "
                 "learned − it (seeds, 95 % t) | learned − it (documents, bootstrap) |",
@@ -528,52 +548,129 @@ def report(path: Path = RECORDS) -> str:
     return "\n".join(out) + retired_table(path)
 
 
+PRESET_RECORDS = HERE / "records-preset.jsonl"
+"""The first screen's records: every method in the small preset's shape (the allocation lever's before)."""
+
+
+def _views(path: Path) -> dict[tuple[float, str, str], dict[str, dict[int, float]]]:
+    """Test BPB per (scale, match, clock series), arm and seed, retired runs left out."""
+    from learntok import records
+
+    by: dict[tuple, dict[str, dict[int, float]]] = {}
+    for r in (r for r in records.load(path) if not r.get("retired")):
+        scale, match, _, series = _budget_key(r)
+        by.setdefault((scale, match, series), {}).setdefault(r["arm"], {})[r["seed"]] = r["test"]["bpb"]
+    return by
+
+
+def _gap(arms_: dict[str, dict[int, float]], a: str, b: str) -> dict[int, float]:
+    """a − b per seed both have."""
+    x, y = arms_.get(a, {}), arms_.get(b, {})
+    return {s: x[s] - y[s] for s in x if s in y}
+
+
+def _change(after: dict[int, float], before: dict[int, float]) -> tuple[int, str] | None:
+    """after − before paired over seeds: (seeds, the 95 % t-interval, or the one seed's difference); None when no
+    seed has both."""
+    seeds, p = _paired(after, before)
+    if not seeds:
+        return None
+    if p is None:
+        return 1, f"{after[seeds[0]] - before[seeds[0]]:+.4f} (1 seed)"
+    return len(seeds), interval_text(p, tie=True)
+
+
+def levers_table(path: Path = RECORDS, preset: Path = PRESET_RECORDS) -> str:
+    """What each lever of the study changed, paired over seeds at the x1 budget: on each arm's test BPB and on
+    learned's difference to each method with the same embeddings. Levers: the n-gram tables (an arm with them −
+    the arm without, at its own allocation and in the preset's shape); the allocation (its own width × depth −
+    the small preset's shape, the first screen's runs); the accounting (matched total FLOPs − matched 6N,
+    attention free); the clock (matched wall-clock − matched total FLOPs, per clock series)."""
+    now = _views(path)
+    total, screen = (v.get((1.0, "flops-total", ""), {}) for v in (now, _views(preset)))
+    rows: list[tuple[str, str, str, tuple[int, str]]] = []
+
+    def add(lever: str, where: str, after: dict, before: dict, subjects: list[str]) -> None:
+        for subject in subjects:
+            if " − " in subject:
+                a, b = subject.split(" − ")
+                change = _change(_gap(after, a, b), _gap(before, a, b))
+            else:
+                change = _change(after.get(subject, {}), before.get(subject, {}))
+            if change:
+                rows.append((lever, subject, where, change))
+
+    gaps = [f"learned{v} − {m}{v}" for v in ("-ngrams", "") for m in METHODS if m != "learned"]
+    for where, view in (("its own allocation", total), ("the preset's shape", screen)):
+        for m in METHODS:  # the n-gram arm against the plain one
+            if change := _change(view.get(f"{m}-ngrams", {}), view.get(m, {})):
+                rows.append(("n-gram embeddings", m, where, change))
+        for b in (m for m in METHODS if m != "learned"):
+            change = _change(_gap(view, "learned-ngrams", f"{b}-ngrams"), _gap(view, "learned", b))
+            if change:
+                rows.append(("n-gram embeddings", f"learned − {b}", where, change))
+    add("allocation: own instead of the preset's", "total FLOPs", total, screen,
+        sorted(set(total) & set(screen)) + gaps)
+    for conv in ("6n", "6n-padded"):
+        matched = now.get((1.0, f"flops-{conv}", ""), {})
+        add(f"accounting: total FLOPs instead of {SHORT['flops-' + conv]}", "own allocation", total, matched,
+            sorted(matched) + gaps)
+    for (scale, match, series), clock in sorted(now.items()):
+        if scale == 1.0 and match == "time":
+            add("wall-clock instead of total FLOPs", f"clock series {series or 'a'}", clock, total,
+                sorted(clock) + gaps)
+    if not rows:
+        return "(no paired runs yet)\n"
+    out = ["| lever | test BPB of | where | seeds | change (95 % t over seeds) |", "|---|---|---|---|---|"]
+    out += [f"| {lever} | {subject} | {where} | {n} | {text} |" for lever, subject, where, (n, text) in rows]
+    return "\n".join(out) + "\n"
+
+
 STUDY_PAIRS = (("learned-ngrams", "flat-ngrams"), ("learned-ngrams", "bpe-lm-ngrams"),
                ("learned-ngrams", "uniform-ngrams"), ("learned-ngrams", "whitespace-ngrams"), ("learned", "flat"))
 """The README's differences from the study, where both arms have at least two paired seeds."""
+NAMES = {"flat": "flat", "bpe-lm": "BPE transformer", "uniform": "fixed patches", "whitespace": "whitespace"}
+SHORT = {"flops-total": "FLOPs", "time": "clock", "flops-6n": "6N", "flops-6n-padded": "padded 6N"}
 
 
 def study_summary(path: Path = RECORDS) -> str | None:
     """The README's line on the study (each method at its own allocation, seeds paired, test BPB after the
-    first 256 KB): each pair in STUDY_PAIRS with two or more paired seeds, under every view it has (scale, match
-    and clock series), one pair's views together; None before any."""
+    first 256 KB): learned − each method in STUDY_PAIRS with two or more paired seeds, under every view it has
+    (scale, match and clock series), one method's views together; None before any."""
     from learntok import records
-    from learntok.cli.train import parse_train_args
 
-    preset = parse_train_args(["--preset", "small"]).model
     by: dict[tuple, dict[str, dict[int, float]]] = {}
-    shapes = {}
+    vocab = ""
     for r in (r for r in records.load(path) if not r.get("retired")):
-        f = _options(r["flags"])
-        d, n = f.get("--d-model", preset.d_model), f.get("--n-mid", preset.n_mid)
-        vocab = f", vocabulary {int(f['--bpe-vocab-size']):,}" if "--bpe-vocab-size" in f else ""
-        shapes[r["method"]] = f"{r['method']} d {d} × {n}{vocab}"  # the preset's where the sweep kept it
+        if "--bpe-vocab-size" in (f := _options(r["flags"])):
+            vocab = f" (vocabulary {int(f['--bpe-vocab-size']):,})"  # the allocation's, given last
         by.setdefault(_budget_key(r), {}).setdefault(r["arm"], {})[r["seed"]] = r["test"]["bpb"]
-    parts = []
+    parts = {True: [], False: []}  # with n-grams, without
     for a, b in STUDY_PAIRS:
-        found = []  # (scale, clock, series, seeds, interval) of every view with two paired seeds, FLOPs first
-        for (scale, match, _, series), arms_ in sorted(by.items()):
+        found = []  # (scale, match, series, seeds, interval) of every view with two paired seeds
+        for (scale, match, _, series), arms_ in sorted(by.items(), key=lambda kv: _view_order(kv[0])):
             seeds, p = _paired(arms_.get(a, {}), arms_.get(b, {}))
             if p is not None:
-                found.append((scale, match == "time", series, seeds, p))
+                found.append((scale, match, series, seeds, p))
         views = []
-        for scale, clock, series, seeds, p in found:
-            twice = sum(1 for x in found if x[:2] == (scale, clock)) > 1  # a second clock series of one pair
-            named = f" (series {series or 'a'})" if twice else ""
-            views.append(f"{interval_text(p, 3)} at matched "
-                         f"{'wall-clock' if clock else 'total FLOPs'}{named}"
-                         f"{f' ({scale:g}x the budget)' if scale != 1 else ''} ({len(seeds)} seeds; "
-                         f"{'tie' if p['tie'] else 'learned better' if p['mean'] < 0 else 'learned worse'})")
+        for scale, match, series, seeds, p in found:
+            twice = sum(1 for x in found if x[:2] == (scale, match)) > 1  # a second clock series of one pair
+            named = " " + (series or "a") if twice else ""
+            scaled = f" x{scale:g}" if scale != 1 else ""
+            views.append(f"{SHORT[match]}{named}{scaled} {interval_text(p, 3)}{' tie' if p['tie'] else ''} "
+                         f"({len(seeds)})")
+        method = b.removesuffix("-ngrams")
         if views:
-            parts.append(f"{a} − {b} " + ", ".join(views))
-    if not parts:
+            parts[a.endswith("-ngrams")].append(f"{NAMES[method]}{vocab if method == 'bpe-lm' else ''} "
+                                                + ", ".join(views))
+    if not parts[True] and not parts[False]:
         return None
-    return ("- Issue 30's study, each method at its best width × depth for the budget (a sweep on validation: "
-            + ", ".join(sorted(shapes.values())) + "), with hashed n-gram embeddings (`-ngrams`"
-            + ("; token n-grams for BPE" if "bpe-lm" in shapes else "") + "), test BPB on text no earlier screen "
-            "read, paired over seeds (95 % t; FLOPs count attention, wall-clock is the flat model's seconds): "
-            + "; ".join(parts)
-            + " ([§8](docs/results.md#8-every-method-at-its-own-allocation)).")
+    plain = f". Without n-grams, learned − {'; '.join(parts[False])}" if parts[False] else ""
+    return ("- Issue 30's study ([§8](docs/results.md#8-every-method-at-its-own-allocation)): every method at its "
+            "own best width × depth (a validation sweep) with hashed n-gram embeddings; learned − each on test text "
+            "no earlier screen read, 95 % t over seeds (their number in brackets), at matched total FLOPs "
+            "(attention counted) and at the flat model's wall-clock (clock): "
+            + "; ".join(parts[True]) + plain + ".")
 
 
 def summary(path: Path = HERE / "records-preset.jsonl") -> str | None:
@@ -643,6 +740,9 @@ def main() -> None:
     f.add_argument("--series", default="", help="with --clock: a new set of clock runs, paired only among "
                    "themselves (run directories ...-clock-NAME-seedS), for arms that must train beside each other "
                    "after the first set, e.g. learned-ngrams bpe-lm-ngrams")
+    f.add_argument("--convention", choices=("total", "6n", "6n-padded"), default="total",
+                   help="the FLOPs convention the budget is matched in (total: attention counted; 6n: the paper's, "
+                   "the accounting lever's control; run directories ...-x1-6n-seedS)")
     f.add_argument("--ngrams", action="store_true", help="also each n-gram variant")
     f.add_argument("--arms", nargs="+", choices=[a for a, _, _ in _arms(True)],
                    help="only these arms (e.g. learned-ngrams flat-ngrams); default: all")
