@@ -667,9 +667,9 @@ def study_summary(path: Path = RECORDS) -> str | None:
         return None
     plain = f". Without n-grams, learned − {'; '.join(parts[False])}" if parts[False] else ""
     return ("- Issue 30's study ([§8](docs/results.md#8-every-method-at-its-own-allocation)): every method at its "
-            "own best width × depth (a validation sweep) with hashed n-gram embeddings; learned − each on test text "
-            "no earlier screen read, 95 % t over seeds (their number in brackets), at matched total FLOPs "
-            "(attention counted) and at the flat model's wall-clock (clock): "
+            "own best width × depth for the FLOPs budget (a validation sweep) with hashed n-gram embeddings; "
+            "learned − each on test text no earlier screen read, 95 % t over seeds (their number in brackets), at "
+            "matched total FLOPs (attention counted) and at the flat model's wall-clock (clock): "
             + "; ".join(parts[True]) + plain + ".")
 
 
