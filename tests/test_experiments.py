@@ -8,6 +8,7 @@ import json
 import math
 import statistics
 import sys
+import types
 from pathlib import Path
 from unittest.mock import ANY
 
@@ -186,7 +187,7 @@ def test_allocation_budget_flags_best_cell_and_report(tmp_path, monkeypatch):
         return records.make("sweep", "cell", seed, command="x", axes=axes, val_bpb=bpb)
 
     assert len(alloc._axes("learned", 1)) == 2 and alloc._axes("flat", 2) == []
-    monkeypatch.setattr(alloc, "_axes", lambda method, stage: ["n-mid=2,3"] if stage == 1 else [])
+    monkeypatch.setattr(alloc, "_axes", lambda method, stage, clock=False: ["n-mid=2,3"] if stage == 1 else [])
     d = tmp_path / "sweep1-uniform"
     d.mkdir()
     records.write(d / "sweep.jsonl", [cell({"n-mid": "2"}, 0, 2.0), cell({"n-mid": "2"}, 1, 2.4)])
@@ -417,7 +418,7 @@ def test_allocation_restore_rebuilds_out_from_the_records_and_collect_never_drop
     `evaluate` does not try to load them, retired runs stay gone; `collect` from a partial OUT keeps the cells
     the records file has."""
     alloc = _allocation()
-    monkeypatch.setattr(alloc, "_axes", lambda method, stage: ["n-mid=2,3"] if stage == 1 else [])
+    monkeypatch.setattr(alloc, "_axes", lambda method, stage, clock=False: ["n-mid=2,3"] if stage == 1 else [])
 
     def cell(n_mid, bpb):
         return records.make("sweep", "cell", 0, command="x", axes={"n-mid": n_mid}, val_bpb=bpb, method="uniform",
@@ -459,6 +460,68 @@ def test_allocation_restore_rebuilds_out_from_the_records_and_collect_never_drop
     main("collect", "--out", out, "--results", sweep_results)  # one cell from OUT is new; the other is kept
     assert sorted((r["axes"]["n-mid"], r["seed"]) for r in records.load(sweep_results)) == [("2", 0), ("2", 1),
                                                                                             ("3", 0)]
+
+
+def test_allocation_clock_sweep_trains_n_gram_cells_for_the_clock_finals_seconds_and_keeps_its_own_optimum(
+        tmp_path, monkeypatch, capsys):
+    """`sweep --clock` refuses before flat-ngrams' FLOPs runs exist, then runs stage 1 with the n-gram tables,
+    every cell for their median seconds, in sweep1c-METHOD; its best cell is the allocation at matched seconds
+    (the FLOPs one unchanged); collect tags its cells `clock`, restore puts them back, the table names them."""
+    alloc = _allocation()
+
+    def main(*argv):
+        monkeypatch.setattr(sys, "argv", ["run.py", *map(str, argv)])
+        alloc.main()
+
+    commands = []
+    monkeypatch.setattr(alloc, "subprocess", types.SimpleNamespace(run=lambda cmd, **kw: commands.append(cmd)))
+    with pytest.raises(SystemExit, match="flat-ngrams arm's FLOPs runs at scale 1 must finish first"):
+        main("sweep", "--clock", "--data", tmp_path, "--out", tmp_path, "--methods", "learned")
+    for seed, secs in enumerate((90.0, 100.0, 400.0)):
+        run = alloc._run_dir(tmp_path, "flat-ngrams", 1.0, False, seed)
+        run.mkdir()
+        (run / "final.json").write_text(json.dumps({"train_seconds": secs, "flags": []}))
+    main("sweep", "--clock", "--data", tmp_path, "--out", tmp_path, "--methods", "learned", "flat")
+    learned, flat = commands
+    assert learned[4] == str(tmp_path / "sweep1c-learned") and learned[5:7] == ["--time-budget", "100"]
+    assert "--flops-budget" not in learned and " ".join(alloc.NGRAMS) in " ".join(learned)
+    assert f"--axis {alloc.CLOCK_WIDTH} --axis n-mid=2,3 " in " ".join(learned)
+    assert "--axis n-mid=1,2 " in " ".join(flat)
+    with pytest.raises(SystemExit, match="stage 1"):
+        main("sweep", "--clock", "--stage", "2", "--data", tmp_path, "--out", tmp_path)
+
+    def cell(d, n_mid, bpb):
+        heads = "3" if d == "192" else "2"
+        return records.make("sweep", "cell", 0, command="x", axes={"d-model": d, "n-heads": heads, "n-mid": n_mid},
+                            val_bpb=bpb, bytes=1e6, flops_total=1e12, train_seconds=100.0)
+
+    grid = [cell(d, n, 2.5) for d in ("64", "96", "128") for n in ("2", "3")]
+    grid[3]["val_bpb"] = 2.2  # d 96, n_mid 3
+    records.write(tmp_path / "sweep1c-learned" / "sweep.jsonl", grid[:5])
+    with pytest.raises(SystemExit, match="the clock sweep 1 has 5 of 6 cells"):
+        alloc.allocation(tmp_path, "learned", clock=True)
+    records.write(tmp_path / "sweep1c-learned" / "sweep.jsonl", grid)
+    records.write(tmp_path / "sweep1-learned" / "sweep.jsonl",
+                  [cell(d, n, 2.4 if (d, n) == ("64", "2") else 2.6) for d in ("64", "96", "128", "192")
+                   for n in ("2", "3", "5")])
+    assert alloc.allocation(tmp_path, "learned") == {"d-model": "64", "n-heads": "2", "n-mid": "2"}
+    assert alloc.allocation(tmp_path, "learned", clock=True) == {"d-model": "96", "n-heads": "2", "n-mid": "3"}
+    assert alloc.allocation(tmp_path, "uniform", clock=True) == {}  # no clock sweep yet
+    capsys.readouterr()
+    main("best", "--out", tmp_path)
+    said = capsys.readouterr().out
+    assert "learned at matched seconds: {'d-model': '96', 'n-heads': '2', 'n-mid': '3'}" in said
+    assert "flat at matched seconds" not in said
+    sweep_results, out = tmp_path / "sweep-records.jsonl", tmp_path / "restored"
+    main("collect", "--out", tmp_path, "--results", sweep_results)
+    rows = records.load(sweep_results)
+    assert sorted({(r["stage"], r.get("clock", False)) for r in rows}) == [(1, False), (1, True)] and len(rows) == 18
+    main("restore", "--out", out, "--results", tmp_path / "none.jsonl", "--sweep-results", sweep_results)
+    assert records.load(out / "sweep1c-learned" / "sweep.jsonl") == records.load(tmp_path / "sweep1c-learned" /
+                                                                                  "sweep.jsonl")
+    assert alloc.allocation(out, "learned", clock=True) == {"d-model": "96", "n-heads": "2", "n-mid": "3"}
+    table = alloc.sweep_table(sweep_results)
+    assert "| learned | 1 (clock) | d-model 96, n-mid 3 | **2.2000** |" in table
 
 
 def test_train_arm_refuses_to_resume_an_interrupted_run_of_another_model(tmp_path, monkeypatch):

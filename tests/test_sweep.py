@@ -1,4 +1,4 @@
-"""`learntok sweep`: the grid, every cell at one FLOPs budget, records, the table, resuming, bad axes."""
+"""`learntok sweep`: the grid, every cell at one FLOPs or time budget, records, the table, resuming, bad axes."""
 
 from __future__ import annotations
 
@@ -61,6 +61,18 @@ def test_a_sweep_trains_every_cell_to_the_budget_records_it_and_resumes(text_cor
     assert main(["sweep", str(out), "--report"]) == 0 and "| 4 |" in capsys.readouterr().out
 
 
+@pytest.mark.slow
+def test_a_time_budget_sweep_trains_every_cell_for_the_same_seconds(text_corpus, tmp_path):
+    out = tmp_path / "sweep"
+    assert main(["sweep", str(out), "--axis", "d-model=32", "--time-budget", "1.5", "--",
+                 *_train_flags(text_corpus)]) == 0
+    (r,) = records.load(out / "sweep.jsonl")
+    assert r["config"]["time_budget"] == 1.5 and r["config"]["optim"]["schedule"] == "time"
+    assert r["config"]["flops_budget"] == 0 and r["budget"] == {"time_budget": 1.5}
+    assert r["train_seconds"] >= 1.5 and r["flops_total"] > 0
+    assert table([r]).startswith("| d-model |")
+
+
 def test_bad_axes_and_cells_are_one_line_before_anything_trains(text_corpus, tmp_path, capsys):
     for axis, message in (("d-model", "FLAG=V1,V2"), ("n-mid,target-rate=2", "one value per flag"),
                           ("d-model=33", "cell {'d-model': '33'}"), ("bogus-flag=1", "cell {'bogus-flag': '1'}")):
@@ -71,6 +83,9 @@ def test_bad_axes_and_cells_are_one_line_before_anything_trains(text_corpus, tmp
     assert not (tmp_path / "s").exists()
     assert main(["sweep", str(tmp_path / "s"), "--axis", "d-model=32"]) == 2
     assert "--flops-budget" in capsys.readouterr().err
+    assert main(["sweep", str(tmp_path / "s"), "--axis", "d-model=32", "--flops-budget", "1e9", "--time-budget",
+                 "5"]) == 2
+    assert "one of them" in capsys.readouterr().err
 
 
 def test_the_table_puts_the_best_cell_first():

@@ -4,6 +4,7 @@ wall-clock.
 
     python experiments/allocation/run.py sweep --data DATA/enwiki --out runs/alloc              # stage 1, seed 0
     python experiments/allocation/run.py sweep --data DATA/enwiki --out runs/alloc --stage 2    # at stage 1's best
+    python experiments/allocation/run.py sweep --data DATA/enwiki --out runs/alloc --clock      # at matched seconds
     python experiments/allocation/run.py collect --out runs/alloc       # the cells' records into records-sweep.jsonl
     python experiments/allocation/run.py best --out runs/alloc                                  # chosen on validation
     python experiments/allocation/run.py final --data DATA/enwiki --out runs/alloc --scale 1
@@ -22,11 +23,17 @@ Stage 1 sweeps width and depth (d_model with its heads, and the token-level dept
 own depth) for each method in SWEPT (bpe, entropy and hnet take uniform's allocation), one seed, each cell at the
 budget (`learntok sweep`, one run directory per cell, resumable). Stage 2 sweeps the byte window, and the target
 rate for methods that have one (the BPE transformer: its vocabulary), at stage 1's best width and depth. `best`
-reads both stages' validation BPB and prints the allocation each method trains with. `final` trains every method
-(and its n-gram variant, `--ngrams`) at its allocation with --seeds (5 for learned, uniform, flat and bpe-lm, 3 for
-the others by default) to the budget times --scale; with --clock each trains instead for the median training seconds
-of the flat model with the same embeddings at that scale (the matched wall-clock view; that flat arm's FLOPs runs
-must be finished first; it trains again for those seconds too, each seed beside the others', since this CPU's speed
+reads both stages' validation BPB and prints the allocation each method trains with. `sweep --clock` runs stage 1
+again with the n-gram tables and every cell trained for the seconds the n-gram arms' clock finals train for (the
+median training seconds of the flat-ngrams FLOPs runs at scale 1; the tables cost time, not FLOPs), over a narrower
+grid (CLOCK_WIDTH x CLOCK_DEPTH: the FLOPs sweep's d 192 and n_mid 5 cells lost by 0.04 or more for every method),
+in sweep1c-METHOD: each method's wall-clock-optimal allocation, which `best` prints beside the FLOPs one. A method
+whose patches are cheap to compute trains more FLOPs per second, so the two optima can differ; the cells run hours
+apart and this CPU's speed drifts by about 7 %, the clock sweep's own noise. `final` trains every method (and its
+n-gram variant, `--ngrams`) at its allocation with --seeds (5 for learned, uniform, flat and bpe-lm, 3 for the
+others by default) to the budget times --scale; with --clock each trains instead for the median training seconds of
+the flat model with the same embeddings at that scale (the matched wall-clock view; that flat arm's FLOPs runs must
+be finished first; it trains again for those seconds too, each seed beside the others', since this CPU's speed
 drifts by ±7 % over hours and a clock set by runs hours earlier would favour whichever arm ran at the faster time);
 `--convention 6n` matches the budget in the paper's 6N instead (attention free: the accounting lever's control, its
 runs in directories of their own); --arms picks some arms only; `--clock --series NAME` trains a new set of clock
@@ -40,8 +47,7 @@ the sweeps' cells and the finished final runs, so the allocations stand and noth
 prints the tables (`levers_table`: what each lever changed, for docs/results.md): test BPB per method, the paired
 t-interval over seeds against `flat` and `bpe-lm` (and learned's against it), and a paired bootstrap over documents
 (each document's bits averaged over seeds) for the same pairs. Everything resumes: finished cells and runs are
-skipped, an interrupted one continues from its checkpoint. Settings are chosen on validation only.
-"""
+skipped, an interrupted one continues from its checkpoint. Settings are chosen on validation only. """
 
 from __future__ import annotations
 
@@ -95,6 +101,15 @@ transformer's best all lay at the narrow edge, so every method's grid reaches do
 DEPTH = {"flat": "n-mid=1,2,3", "bpe-lm": "n-mid=2,4,6"}
 """Stage 1's depth axis per method (the U-Net's token-level layers by default)."""
 UNET_DEPTH = "n-mid=2,3,5"
+CLOCK_WIDTH = "d-model,n-heads=64:2,96:2,128:2"
+CLOCK_DEPTH = {"flat": "n-mid=1,2", "bpe-lm": "n-mid=2,4"}
+"""The clock sweep's grid (stage 1 at matched seconds): the FLOPs sweep's neighbourhood of every method's best,
+without its d 192 and n_mid 5 cells, which lost by 0.04 BPB or more for every method; `best` says when a clock
+optimum lies at this grid's edge."""
+CLOCK_UNET_DEPTH = "n-mid=2,3"
+CLOCK_REFERENCE = "flat-ngrams"
+"""The arm whose FLOPs runs' median seconds the clock sweep's cells train for (with the n-gram tables, like the
+clock finals of the n-gram arms it chooses allocations for)."""
 
 
 def budget(scale: float = 1.0, budget_bytes: float = BUDGET_BYTES, convention: str = "total") -> float:
@@ -121,13 +136,17 @@ def _flags(method: str, allocation: dict[str, str] | None = None, ngrams: bool =
     return ["--preset", "small", *METHODS[method], *rate, *more, *(NGRAMS if ngrams else [])]
 
 
-def _sweep_dir(out: Path, method: str, stage: int) -> Path:
-    return out / f"sweep{stage}-{method}"
+def _sweep_dir(out: Path, method: str, stage: int, clock: bool = False) -> Path:
+    """sweepSTAGE-METHOD, or sweepSTAGEc-METHOD for the sweep at matched seconds."""
+    return out / f"sweep{stage}{'c' if clock else ''}-{method}"
 
 
-def _axes(method: str, stage: int) -> list[str]:
-    """The --axis specs of a method's sweep stage (stage 2: none for flat; the vocabulary for bpe-lm)."""
+def _axes(method: str, stage: int, clock: bool = False) -> list[str]:
+    """The --axis specs of a method's sweep stage (stage 2: none for flat; the vocabulary for bpe-lm; the clock
+    sweep's stage 1: a narrower grid)."""
     if stage == 1:
+        if clock:
+            return [CLOCK_WIDTH, CLOCK_DEPTH.get(method, CLOCK_UNET_DEPTH)]
         return [WIDTH, DEPTH.get(method, UNET_DEPTH)]
     if method == "bpe-lm":  # at d 64 its output layer is most of its FLOPs per token: a smaller one buys tokens
         return ["bpe-vocab-size=1024,2048,4096"]
@@ -135,20 +154,20 @@ def _axes(method: str, stage: int) -> list[str]:
     return axes + (["target-rate=0.15,0.2,0.25"] if method in HAS_RATE else [])
 
 
-def _best_cell(out: Path, method: str, stage: int) -> dict[str, str] | None:
+def _best_cell(out: Path, method: str, stage: int, clock: bool = False) -> dict[str, str] | None:
     """The axes of the stage's lowest validation BPB (mean over its seeds), or None when the stage has no cell
     yet; a stage with some but not all of its cells is an error (its best so far could change)."""
     from learntok import records
     from learntok.cli.sweep import cells, parse_axes
 
-    rows = records.load(_sweep_dir(out, method, stage) / "sweep.jsonl")
+    rows = records.load(_sweep_dir(out, method, stage, clock) / "sweep.jsonl")
     if not rows:
         return None
-    grid = {json.dumps(c, sort_keys=True) for c in cells(parse_axes(tuple(_axes(method, stage))))}
+    grid = {json.dumps(c, sort_keys=True) for c in cells(parse_axes(tuple(_axes(method, stage, clock))))}
     missing = grid - {json.dumps(r["axes"], sort_keys=True) for r in rows}
     if missing:
-        sys.exit(f"{method}: stage {stage} has {len(grid) - len(missing)} of {len(grid)} cells; finish it (run "
-                 f"the sweep again) before its best allocation is used")
+        sys.exit(f"{method}: {'the clock sweep' if clock else 'stage'} {stage} has {len(grid) - len(missing)} of "
+                 f"{len(grid)} cells; finish it (run the sweep again) before its best allocation is used")
     groups: dict[str, list[dict]] = {}
     for r in rows:
         groups.setdefault(json.dumps(r["axes"], sort_keys=True), []).append(r)
@@ -156,41 +175,60 @@ def _best_cell(out: Path, method: str, stage: int) -> dict[str, str] | None:
     return json.loads(best)
 
 
-def edges(out: Path, method: str, stage: int) -> list[str]:
+def edges(out: Path, method: str, stage: int, clock: bool = False) -> list[str]:
     """The axes (by their first flag) whose best point is the first or last of the grid: the optimum may lie
     beyond it, so the axis should be extended before its best is trusted."""
     from learntok.cli.sweep import parse_axes
 
-    best = _best_cell(out, method, stage)
+    best = _best_cell(out, method, stage, clock)
     if not best:
         return []
-    return [f"{flags[0]}={best[flags[0]]}" for flags, points in parse_axes(tuple(_axes(method, stage)))
+    return [f"{flags[0]}={best[flags[0]]}" for flags, points in parse_axes(tuple(_axes(method, stage, clock)))
             if len(points) > 1 and tuple(best[f] for f in flags) in (points[0], points[-1])]
 
 
-def allocation(out: Path, method: str) -> dict[str, str]:
+def allocation(out: Path, method: str, clock: bool = False) -> dict[str, str]:
     """Stage 1's best width and depth and stage 2's best byte window (and rate); the preset's where a stage has
-    not run. A method outside SWEPT takes uniform's."""
+    not run. A method outside SWEPT takes uniform's. With `clock`, the clock sweep's stage 1 replaces stage 1 (and
+    the allocation is {} until it has run)."""
     source = method if method in SWEPT else "uniform"
-    return {**(_best_cell(out, source, 1) or {}), **(_best_cell(out, source, 2) or {})}
+    first = _best_cell(out, source, 1, clock)
+    if clock and first is None:
+        return {}
+    return {**(first or {}), **(_best_cell(out, source, 2) or {})}
+
+
+def clock_seconds(out: Path, reference: str, scale: float, seeds) -> float | None:
+    """The median training seconds of `reference`'s finished FLOPs runs (budget matched in total FLOPs) at
+    `scale` over `seeds`: what a clock run trains for; None when it has none."""
+    secs = [f["train_seconds"] for s in seeds if (f := _trained(out, reference, scale, False, s))]
+    return statistics.median(secs) if secs else None
 
 
 def cmd_sweep(args) -> None:
+    if args.clock:
+        if args.stage != 1:
+            sys.exit("--clock: the clock sweep is stage 1 (width and depth) at matched seconds")
+        secs = clock_seconds(args.out, CLOCK_REFERENCE, 1.0, range(5))
+        if secs is None:
+            sys.exit(f"--clock: the {CLOCK_REFERENCE} arm's FLOPs runs at scale 1 must finish first (`final`)")
+        budget_flags = ["--time-budget", f"{secs:.6g}"]
+    else:
+        budget_flags = ["--flops-budget", f"{budget(1.0, args.budget_bytes):.6g}", "--flops-convention", "total"]
     for method in args.methods:
-        axes = _axes(method, args.stage)
+        axes = _axes(method, args.stage, args.clock)
         if not axes:
             continue
         if args.stage == 1:
-            base = _flags(method)
+            base = _flags(method, ngrams=args.clock)
         else:
             first = _best_cell(args.out, method, 1)
             if first is None:
                 sys.exit(f"{method}: stage 1 has no finished cell; run stage 1 first")
             base = _flags(method, first, rate=method not in HAS_RATE)
-        cmd = [sys.executable, "-m", "learntok", "sweep", str(_sweep_dir(args.out, method, args.stage)),
-               "--flops-budget", f"{budget(1.0, args.budget_bytes):.6g}", "--flops-convention", "total",
-               *[x for a in axes for x in ("--axis", a)], "--seeds", *map(str, args.seeds), "--", "--data",
-               str(args.data), *base]
+        cmd = [sys.executable, "-m", "learntok", "sweep", str(_sweep_dir(args.out, method, args.stage, args.clock)),
+               *budget_flags, *[x for a in axes for x in ("--axis", a)], "--seeds", *map(str, args.seeds), "--",
+               "--data", str(args.data), *base]
         print(f"{method}, stage {args.stage}: " + " ".join(cmd[2:]), flush=True)
         subprocess.run(cmd, check=True)
 
@@ -199,19 +237,27 @@ SWEEP_RECORDS = HERE / "records-sweep.jsonl"
 
 
 def _cell_key(r: dict) -> tuple:
-    return r["method"], r["stage"], json.dumps(r["axes"], sort_keys=True), r["seed"]
+    return r["method"], r["stage"], r.get("clock", False), json.dumps(r["axes"], sort_keys=True), r["seed"]
+
+
+def _sweep_of(path: Path) -> tuple[str, int, bool]:
+    """(method, stage, clock) of a sweep directory (`_sweep_dir`'s name)."""
+    head, method = path.name.removeprefix("sweep").split("-", 1)
+    return method, int(head.removesuffix("c")), head.endswith("c")
 
 
 def cmd_collect(args) -> None:
-    """Copy every sweep cell's record (OUT/sweep{stage}-{method}/sweep.jsonl) into the committed records file,
-    each tagged with its method and stage. Cells the file has and OUT lacks (their run directories are gone) are
-    kept, so collecting from a restored or partial OUT adds cells and never drops one."""
+    """Copy every sweep cell's record (OUT/sweep{stage}[c]-{method}/sweep.jsonl) into the committed records file,
+    each tagged with its method and stage (and `clock` for the sweep at matched seconds). Cells the file has and
+    OUT lacks (their run directories are gone) are kept, so collecting from a restored or partial OUT adds cells
+    and never drops one."""
     from learntok import records
 
     rows = []
-    for path in sorted(args.out.glob("sweep[12]-*/sweep.jsonl")):
-        stage, method = path.parent.name.removeprefix("sweep").split("-", 1)
-        rows += [{**r, "method": method, "stage": int(stage)} for r in records.load(path)]
+    for path in sorted(args.out.glob("sweep[12]*-*/sweep.jsonl")):
+        method, stage, clock = _sweep_of(path.parent)
+        rows += [{**r, "method": method, "stage": stage, **({"clock": True} if clock else {})}
+                 for r in records.load(path)]
     found = {_cell_key(r) for r in rows}
     kept = [r for r in records.load(args.results) if _cell_key(r) not in found]
     records.write(args.results, kept + rows)
@@ -229,13 +275,13 @@ def cmd_restore(args) -> None:
     `--clock` reads its reference's seconds and `retire` can judge it. Nothing that exists is touched."""
     from learntok import records
 
-    groups: dict[tuple[str, int], list[dict]] = {}
+    groups: dict[tuple[str, int, bool], list[dict]] = {}
     for r in records.load(args.sweep_results):
-        groups.setdefault((r["method"], r["stage"]), []).append(
-            {k: v for k, v in r.items() if k not in ("method", "stage")})
+        groups.setdefault((r["method"], r["stage"], r.get("clock", False)), []).append(
+            {k: v for k, v in r.items() if k not in ("method", "stage", "clock")})
     sweeps = 0
-    for (method, stage), rows in groups.items():
-        path = _sweep_dir(args.out, method, stage) / "sweep.jsonl"
+    for (method, stage, clock), rows in groups.items():
+        path = _sweep_dir(args.out, method, stage, clock) / "sweep.jsonl"
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
             records.write(path, rows)
@@ -254,18 +300,22 @@ def cmd_restore(args) -> None:
 
 
 def sweep_table(path: Path = SWEEP_RECORDS) -> str:
-    """Validation BPB of every sweep cell: per method and stage, one row per cell, best first."""
+    """Validation BPB of every sweep cell: per method and stage (stage 1 at matched seconds: `1 (clock)`), one row
+    per cell, best first."""
     from learntok import records
 
     rows = records.load(path)
     if not rows:
         return "(no sweep cells yet)\n"
     out = ["| method | stage | cell | val BPB | MB trained | total GFLOPs | train s |", "|---|---|---|---|---|---|---|"]
-    for key in sorted({(r["method"], r["stage"]) for r in rows}, key=lambda k: (list(METHODS).index(k[0]), k[1])):
-        cells = sorted((r for r in rows if (r["method"], r["stage"]) == key), key=lambda r: r["val_bpb"])
+    groups = {(r["method"], r["stage"], r.get("clock", False)) for r in rows}
+    for key in sorted(groups, key=lambda k: (list(METHODS).index(k[0]), k[1], k[2])):
+        cells = sorted((r for r in rows if (r["method"], r["stage"], r.get("clock", False)) == key),
+                       key=lambda r: r["val_bpb"])
+        stage = f"{key[1]} (clock)" if key[2] else str(key[1])
         for i, r in enumerate(cells):
             name = ", ".join(f"{k} {v}" for k, v in r["axes"].items() if k != "n-heads")
-            out.append(f"| {key[0] if i == 0 else ''} | {key[1] if i == 0 else ''} | {name} | "
+            out.append(f"| {key[0] if i == 0 else ''} | {stage if i == 0 else ''} | {name} | "
                        f"{'**' if i == 0 else ''}{r['val_bpb']:.4f}{'**' if i == 0 else ''} | {r['bytes'] / 1e6:.2f} | "
                        f"{r['flops_total'] / 1e9:.0f} | {r['train_seconds']:.0f} |")
     return "\n".join(out) + "\n"
@@ -276,6 +326,10 @@ def cmd_best(args) -> None:
         edge = [e for stage in (1, 2) for e in edges(args.out, method, stage)] if method in SWEPT else []
         print(f"{method}: {allocation(args.out, method) or '(no sweep yet: the preset)'}"
               + (f"; at the grid's edge: {', '.join(edge)} (extend the axis)" if edge else ""))
+        if method in SWEPT and (clock := allocation(args.out, method, clock=True)):
+            edge = edges(args.out, method, 1, clock=True)
+            print(f"{method} at matched seconds: {clock}"
+                  + (f"; at the clock grid's edge: {', '.join(edge)}" if edge else ""))
 
 
 def _arms(ngrams: bool) -> list[tuple[str, str, bool]]:
@@ -354,11 +408,10 @@ def cmd_final(args) -> None:
                 continue
             ref = "flat-ngrams" if ngrams else "flat"  # the clock's: the flat model with the same embeddings
             if args.clock:  # the reference trains again too, beside the others: the CPU's speed drifts by hours
-                flat = [_trained(args.out, ref, args.scale, False, s) for s in args.seeds]
-                secs = [f["train_seconds"] for f in flat if f]
-                if not secs:
+                secs = clock_seconds(args.out, ref, args.scale, args.seeds)
+                if secs is None:
                     sys.exit(f"--clock: the {ref} arm's FLOPs runs at this scale must finish first")
-                kw = {"time_budget": statistics.median(secs)}
+                kw = {"time_budget": secs}
             else:
                 kw = {"flops_budget": budget(args.scale, args.budget_bytes, args.convention),
                       "flops_convention": args.convention}
@@ -727,6 +780,8 @@ def main() -> None:
     s.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(SWEPT))
     s.add_argument("--seeds", type=int, nargs="+", default=[0])
     s.add_argument("--budget-bytes", type=float, default=BUDGET_BYTES, help="the reference bytes (a smoke test: 2e4)")
+    s.add_argument("--clock", action="store_true", help="stage 1 with the n-gram tables at matched seconds (the "
+                   "n-gram arms' clock finals' seconds)")
     c = sub.add_parser("collect", help="copy the sweep cells' records into the repository")
     c.add_argument("--out", type=Path, default=Path("runs/alloc"))
     c.add_argument("--results", type=Path, default=SWEEP_RECORDS)

@@ -1,18 +1,18 @@
-"""`learntok sweep`: one training run per cell of a grid of settings, every cell at the same FLOPs budget.
+"""`learntok sweep`: one training run per cell of a grid of settings, every cell at the same FLOPs or time budget.
 
     learntok sweep runs/alloc --flops-budget 1.6e13 --axis d-model=96,128,192 --axis n-mid=2,3,4 \
         -- --preset small --data DATA/enwiki --boundaries uniform
 
-An axis is a `learntok train` flag (without its dashes) and its values; axes multiply. `FLAG1,FLAG2=A1:B1,A2:B2`
-moves two flags together (the paper's aspect-ratio study: `--axis n-mid,target-rate=2:0.5,3:0.3333,5:0.2`). Every
-cell trains `learntok train` with the flags after `--`, its axis values, `--seed S`, and `--flops-budget` on a
-FLOPs schedule (the cosine decays fully at the budget, in `--flops-convention`), in its own run directory under
-OUT; cells run one at a time in child processes. The sweep is resumable: a finished cell (its record in
-OUT/sweep.jsonl) is skipped and an interrupted one continues from its checkpoint. Each finished cell appends a
-record (learntok.records: the command, config, git SHA, versions, machine, the three FLOPs counts, seconds,
-validation BPB and rate); OUT/sweep.md (a table, best first) and OUT/sweep.png (validation BPB against each axis,
-with [viz]) are rewritten after every cell. Validation BPB is the run's own final evaluation: settings are chosen
-on validation, never on test.
+An axis is a `learntok train` flag (without its dashes) and its values; axes multiply. `FLAG1,FLAG2=A1:B1,A2:B2` moves
+two flags together (the paper's aspect-ratio study: `--axis n-mid,target-rate=2:0.5,3:0.3333,5:0.2`). Every cell trains
+`learntok train` with the flags after `--`, its axis values, `--seed S`, and `--flops-budget` on a FLOPs schedule (the
+cosine decays fully at the budget, in `--flops-convention`) or `--time-budget` on a time schedule (every cell trains for
+the same seconds: the matched wall-clock view, which is only as fair as the machine is quiet), in its own run directory
+under OUT; cells run one at a time in child processes. The sweep is resumable: a finished cell (its record in
+OUT/sweep.jsonl) is skipped and an interrupted one continues from its checkpoint. Each finished cell appends a record
+(learntok.records: the command, config, git SHA, versions, machine, the three FLOPs counts, seconds, validation BPB and
+rate); OUT/sweep.md (a table, best first) and OUT/sweep.png (validation BPB against each axis, with [viz]) are rewritten
+after every cell. Validation BPB is the run's own final evaluation: settings are chosen on validation, never on test.
 """
 
 from __future__ import annotations
@@ -46,6 +46,8 @@ class SweepArgs:
     multiply); FLAG1,FLAG2=A1:B1,A2:B2 moves two flags together."""
     flops_budget: float = 0.0
     """Training FLOPs of every cell."""
+    time_budget: float = 0.0
+    """Training seconds of every cell (a time schedule), instead of --flops-budget."""
     flops_convention: Literal["6n", "6n-padded", "total"] = "6n"
     """What the budget counts: the paper's 6N, 6N with padded token slots, or 6N + attention (docs/method.md §6)."""
     seeds: tuple[int, ...] = (0,)
@@ -54,8 +56,21 @@ class SweepArgs:
     """Only rewrite sweep.md and sweep.png from the finished cells (no training)."""
 
     def __post_init__(self) -> None:
-        if not self.report and self.flops_budget <= 0:
-            raise ValueError("give --flops-budget FLOPS: every cell trains to the same budget")
+        if not self.report and (self.flops_budget > 0) == (self.time_budget > 0):
+            raise ValueError("give --flops-budget FLOPS or --time-budget SECONDS (one of them): every cell trains "
+                             "to the same budget")
+
+    def budget(self) -> tuple[str, float]:
+        """(the metrics key the budget is counted in, the budget)."""
+        if self.time_budget:
+            return "time", self.time_budget
+        return CONVENTION_KEYS[self.flops_convention], self.flops_budget
+
+    def budget_flags(self) -> list[str]:
+        if self.time_budget:
+            return ["--time-budget", f"{self.time_budget:.6g}", "--schedule", "time"]
+        return ["--flops-budget", f"{self.flops_budget:.6g}", "--flops-convention", self.flops_convention,
+                "--schedule", "flops"]
 
 
 def parse_axes(specs: tuple[str, ...]) -> list[tuple[tuple[str, ...], list[tuple[str, ...]]]]:
@@ -84,14 +99,13 @@ def cell_name(cell: dict[str, str], seed: int) -> str:
 
 def cell_argv(train_flags: list[str], cell: dict[str, str], seed: int, out: Path, a: SweepArgs) -> list[str]:
     more = [x for k, v in cell.items() for x in (f"--{k}", v)]
-    return [*train_flags, *more, "--seed", str(seed), "--out", str(out), "--flops-budget", f"{a.flops_budget:.6g}",
-            "--flops-convention", a.flops_convention, "--schedule", "flops", "--max-bytes", "0",
+    return [*train_flags, *more, "--seed", str(seed), "--out", str(out), *a.budget_flags(), "--max-bytes", "0",
             "--progress-style", "lines"]
 
 
 def _finished(run: Path, budget: float, key: str) -> dict | None:
     """The run's final evaluation line if it trained to the budget (its last metrics line is an evaluation at or
-    beyond the budget), else None."""
+    beyond the budget, counted in the metrics' `key`: FLOPs in a convention, or seconds), else None."""
     path = run / "metrics.jsonl"
     if not path.exists():
         return None
@@ -112,7 +126,9 @@ def _same_cell(run: Path, argv: list[str]) -> None:
     path.write_text(json.dumps(argv) + "\n")
 
 
-def record(run: Path, cell: dict, seed: int, command: list[str], wall: float | None, final: dict) -> dict:
+def record(run: Path, cell: dict, seed: int, command: list[str], wall: float | None, final: dict,
+           budget: dict | None = None) -> dict:
+    """A finished cell's record; `budget` says what every cell of its sweep was matched in."""
     from learntok import records
     from learntok.config import from_dict
     from learntok.model import build_model
@@ -121,7 +137,8 @@ def record(run: Path, cell: dict, seed: int, command: list[str], wall: float | N
     cfg = from_dict(config)
     byte, token = build_model(cfg.model, cfg.boundary).matrix_params()
     return records.make("sweep", cell_name(cell, seed).rsplit("__seed", 1)[0] or "cell", seed,
-                        command="learntok " + " ".join(command), prov=prov, axes=cell, config=config,
+                        command="learntok " + " ".join(command), prov=prov, axes=cell, budget=budget or {},
+                        config=config,
                         byte_params=byte, token_params=token, bytes=final["bytes"], steps=final["step"],
                         **{k: final[k] for k in CONVENTION_KEYS.values() if k in final},
                         train_seconds=final["time"], wall_seconds=wall, val_bpb=final["val/bpb"],
@@ -156,6 +173,11 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _matched(rows: list[dict]) -> str:
+    """What the cells were matched in, for a title: 'FLOPs' or 'time' (older records say nothing: FLOPs)."""
+    return "training time" if any("time_budget" in r.get("budget", {}) for r in rows) else "FLOPs budget"
+
+
 def plot(rows: list[dict], path: Path) -> Path | None:
     """Validation BPB against each axis (every cell a point; the line joins the best cell at each value)."""
     from learntok.viz.mpl import pyplot
@@ -178,7 +200,7 @@ def plot(rows: list[dict], path: Path) -> Path | None:
         ax.set_xlabel(name)
         ax.set_ylabel("validation BPB")
         ax.grid(alpha=0.3)
-    fig.suptitle("learntok sweep: every cell at the same FLOPs budget")
+    fig.suptitle(f"learntok sweep: every cell at the same {_matched(rows)}")
     fig.tight_layout()
     try:
         fig.savefig(path, dpi=110)
@@ -196,7 +218,7 @@ def write_reports(out: Path, rows: list[dict]) -> None:
 
 
 def cmd_sweep(argv: list[str]) -> int:
-    """`learntok sweep OUT --axis FLAG=V1,V2 ... --flops-budget F [-- TRAIN FLAGS]`."""
+    """`learntok sweep OUT --axis FLAG=V1,V2 ... --flops-budget F | --time-budget S [-- TRAIN FLAGS]`."""
     from learntok import records
     from learntok.cli.train import parse_train_args
 
@@ -218,7 +240,9 @@ def cmd_sweep(argv: list[str]) -> int:
         except (ValueError, SystemExit) as e:
             raise UsageError(f"cell {cell}: {e}") from None
     out.mkdir(parents=True, exist_ok=True)
-    key = CONVENTION_KEYS[a.flops_convention]
+    key, amount = a.budget()
+    matched = {"time_budget": amount} if a.time_budget else {"flops_budget": amount,
+                                                             "flops_convention": a.flops_convention}
     done = {(json.dumps(r["axes"], sort_keys=True), r["seed"]) for r in records.load(path)}
     for seed in a.seeds:
         for cell in grid:
@@ -227,7 +251,7 @@ def cmd_sweep(argv: list[str]) -> int:
             run = out / cell_name(cell, seed)
             argv_cell = ["train", *cell_argv(train_flags, cell, seed, run, a)]
             _same_cell(run, argv_cell)
-            final = _finished(run, a.flops_budget, key)
+            final = _finished(run, amount, key)
             t0, trained = time.time(), final is None
             if final is None:
                 resume = (run / "latest").exists()
@@ -237,11 +261,11 @@ def cmd_sweep(argv: list[str]) -> int:
                 with open(out / f"{cell_name(cell, seed)}.log", "a") as log:
                     code = subprocess.run([sys.executable, "-m", "learntok", *child], stdout=log,
                                           stderr=subprocess.STDOUT).returncode
-                final = _finished(run, a.flops_budget, key)
+                final = _finished(run, amount, key)
                 if code != 0 or final is None:
                     raise TrainingError(f"cell {cell_name(cell, seed)} stopped before its budget (exit {code}); see "
                                         f"{out / (cell_name(cell, seed) + '.log')}; run the sweep again to resume it")
-            rec = record(run, cell, seed, argv_cell, time.time() - t0 if trained else None, final)
+            rec = record(run, cell, seed, argv_cell, time.time() - t0 if trained else None, final, matched)
             records.append(path, rec)
             write_reports(out, records.load(path))
             print(f"cell {cell_name(cell, seed)}: val BPB {rec['val_bpb']:.4f}, rate {rec['val_rate']:.3f}, "
