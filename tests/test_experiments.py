@@ -481,8 +481,13 @@ def test_allocation_clock_sweep_trains_n_gram_cells_for_the_clock_finals_seconds
         run = alloc._run_dir(tmp_path, "flat-ngrams", 1.0, False, seed)
         run.mkdir()
         (run / "final.json").write_text(json.dumps({"train_seconds": secs, "flags": []}))
-    main("sweep", "--clock", "--data", tmp_path, "--out", tmp_path, "--methods", "learned", "flat")
-    learned, flat = commands
+    records.write(tmp_path / "sweep2-bpe-lm" / "sweep.jsonl", [records.make(
+        "sweep", "cell", 0, command="x", axes={"bpe-vocab-size": v}, val_bpb=2 + i, bytes=1e6, flops_total=1e12,
+        train_seconds=1.0) for i, v in enumerate(
+        ("2048", "1024", "4096"))])
+    main("sweep", "--clock", "--data", tmp_path, "--out", tmp_path, "--methods", "learned", "flat", "bpe-lm")
+    learned, flat, bpe_lm = commands
+    assert bpe_lm[-len(alloc.NGRAMS) - 2:-len(alloc.NGRAMS)] == ["--bpe-vocab-size", "2048"]  # stage 2's choice
     assert learned[4] == str(tmp_path / "sweep1c-learned") and learned[5:7] == ["--time-budget", "100"]
     assert "--flops-budget" not in learned and " ".join(alloc.NGRAMS) in " ".join(learned)
     assert f"--axis {alloc.CLOCK_WIDTH} --axis n-mid=2,3 " in " ".join(learned)
@@ -515,7 +520,8 @@ def test_allocation_clock_sweep_trains_n_gram_cells_for_the_clock_finals_seconds
     sweep_results, out = tmp_path / "sweep-records.jsonl", tmp_path / "restored"
     main("collect", "--out", tmp_path, "--results", sweep_results)
     rows = records.load(sweep_results)
-    assert sorted({(r["stage"], r.get("clock", False)) for r in rows}) == [(1, False), (1, True)] and len(rows) == 18
+    assert sorted({(r["stage"], r.get("clock", False)) for r in rows}) == [(1, False), (1, True), (2, False)]
+    assert len(rows) == 12 + 6 + 3
     main("restore", "--out", out, "--results", tmp_path / "none.jsonl", "--sweep-results", sweep_results)
     assert records.load(out / "sweep1c-learned" / "sweep.jsonl") == records.load(tmp_path / "sweep1c-learned" /
                                                                                   "sweep.jsonl")

@@ -27,27 +27,29 @@ reads both stages' validation BPB and prints the allocation each method trains w
 again with the n-gram tables and every cell trained for the seconds the n-gram arms' clock finals train for (the
 median training seconds of the flat-ngrams FLOPs runs at scale 1; the tables cost time, not FLOPs), over a narrower
 grid (CLOCK_WIDTH x CLOCK_DEPTH: the FLOPs sweep's d 192 and n_mid 5 cells lost by 0.04 or more for every method),
-in sweep1c-METHOD: each method's wall-clock-optimal allocation, which `best` prints beside the FLOPs one. A method
-whose patches are cheap to compute trains more FLOPs per second, so the two optima can differ; the cells run hours
-apart and this CPU's speed drifts by about 7 %, the clock sweep's own noise. `final` trains every method (and its
-n-gram variant, `--ngrams`) at its allocation with --seeds (5 for learned, uniform, flat and bpe-lm, 3 for the
-others by default) to the budget times --scale; with --clock each trains instead for the median training seconds of
-the flat model with the same embeddings at that scale (the matched wall-clock view; that flat arm's FLOPs runs must
-be finished first; it trains again for those seconds too, each seed beside the others', since this CPU's speed
-drifts by ±7 % over hours and a clock set by runs hours earlier would favour whichever arm ran at the faster time);
-`--convention 6n` matches the budget in the paper's 6N instead (attention free: the accounting lever's control, its
-runs in directories of their own); --arms picks some arms only; `--clock --series NAME` trains a new set of clock
-runs paired only among themselves (e.g. learned-ngrams beside bpe-lm-ngrams, after the first set paired learned with
-flat). `evaluate` scores every finished final run on the test split after its first 256 KB (which earlier screens
-read many times), 512 KB of it, per document, and on validation, into experiments/allocation/records.jsonl. `retire`
-moves aside the final runs a later sweep stage made stale (their flags are no longer their method's allocation) and
-marks their records retired: kept and listed, out of the tables and the README, so `final` trains those arms again.
-`restore` rebuilds OUT's bookkeeping from the committed records when its run directories are gone (a new machine):
-the sweeps' cells and the finished final runs, so the allocations stand and nothing finished trains again. `report`
-prints the tables (`levers_table`: what each lever changed, for docs/results.md): test BPB per method, the paired
-t-interval over seeds against `flat` and `bpe-lm` (and learned's against it), and a paired bootstrap over documents
-(each document's bits averaged over seeds) for the same pairs. Everything resumes: finished cells and runs are
-skipped, an interrupted one continues from its checkpoint. Settings are chosen on validation only. """
+at stage 2's choice where it ran, in sweep1c-METHOD: each method's wall-clock-optimal allocation, which `best`
+prints beside the FLOPs one. A method whose patches are cheap to compute trains more FLOPs per second, so the two
+optima can differ; the cells run hours apart and this CPU's speed drifts by about 7 %, the clock sweep's own noise.
+`final` trains every method (and its n-gram variant, `--ngrams`) at its allocation with --seeds (5 for learned,
+uniform, flat and bpe-lm, 3 for the others by default) to the budget times --scale; with --clock each trains instead
+for the median training seconds of the flat model with the same embeddings at that scale (the matched wall-clock
+view; that flat arm's FLOPs runs must be finished first; it trains again for those seconds too, each seed beside the
+others', since this CPU's speed drifts by ±7 % over hours and a clock set by runs hours earlier would favour
+whichever arm ran at the faster time); `--convention 6n` matches the budget in the paper's 6N instead (attention
+free: the accounting lever's control, its runs in directories of their own); --arms picks some arms only; `--clock
+--series NAME` trains a new set of clock runs paired only among themselves (e.g. learned-ngrams beside
+bpe-lm-ngrams, after the first set paired learned with flat). `evaluate` scores every finished final run on the test
+split after its first 256 KB (which earlier screens read many times), 512 KB of it, per document, and on validation,
+into experiments/allocation/records.jsonl. `retire` moves aside the final runs a later sweep stage made stale (their
+flags are no longer their method's allocation) and marks their records retired: kept and listed, out of the tables
+and the README, so `final` trains those arms again. `restore` rebuilds OUT's bookkeeping from the committed records
+when its run directories are gone (a new machine): the sweeps' cells and the finished final runs, so the allocations
+stand and nothing finished trains again. `report` prints the tables (`levers_table`: what each lever changed, for
+docs/results.md): test BPB per method, the paired t-interval over seeds against `flat` and `bpe-lm` (and learned's
+against it), and a paired bootstrap over documents (each document's bits averaged over seeds) for the same pairs.
+Everything resumes: finished cells and runs are skipped, an interrupted one continues from its checkpoint. Settings
+are chosen on validation only.
+"""
 
 from __future__ import annotations
 
@@ -219,8 +221,8 @@ def cmd_sweep(args) -> None:
         axes = _axes(method, args.stage, args.clock)
         if not axes:
             continue
-        if args.stage == 1:
-            base = _flags(method, ngrams=args.clock)
+        if args.stage == 1:  # the clock sweep keeps stage 2's choice (the BPE transformer's vocabulary)
+            base = _flags(method, _best_cell(args.out, method, 2) if args.clock else None, ngrams=args.clock)
         else:
             first = _best_cell(args.out, method, 1)
             if first is None:
