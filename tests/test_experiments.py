@@ -280,7 +280,8 @@ def test_allocation_retire_moves_stale_runs_aside_and_keeps_their_records_out_of
     `retire` moves exactly those runs aside (with their logs), marks their records retired (the run directory
     where it now is), the tables and the README line leave them out but list them, and it is idempotent."""
     alloc = _allocation()
-    monkeypatch.setattr(alloc, "allocation", lambda out, m: {"bpe-vocab-size": "2048"} if m == "bpe-lm" else {})
+    monkeypatch.setattr(alloc, "allocation",
+                        lambda out, m, clock=False: {"bpe-vocab-size": "2048"} if m == "bpe-lm" else {})
     results = tmp_path / "records.jsonl"
     rows = []
 
@@ -528,6 +529,22 @@ def test_allocation_clock_sweep_trains_n_gram_cells_for_the_clock_finals_seconds
     assert alloc.allocation(out, "learned", clock=True) == {"d-model": "96", "n-heads": "2", "n-mid": "3"}
     table = alloc.sweep_table(sweep_results)
     assert "| learned | 1 (clock) | d-model 96, n-mid 3 | **2.2000** |" in table
+    calls = []
+    monkeypatch.setattr(alloc.arms, "train_arm", lambda run, data, method, **kw: calls.append((run.name, kw)) or
+                        {"bytes": 1.0, "train_seconds": 100.0, "command": "x", "provenance": {}})
+    final = ("final", "--data", tmp_path, "--out", tmp_path, "--seeds", "0", "--ngrams", "--clock")
+    main(*final, "--series", "w", "--allocation", "clock", "--arms", "learned-ngrams")
+    ((name, kw),) = calls  # at the clock sweep's best, for flat-ngrams' median seconds (every seed's, not --seeds')
+    assert name == "final-learned-ngrams-x1-walloc-clock-w-seed0" and kw["time_budget"] == 100.0
+    assert " --d-model 96 --n-heads 2 --n-mid 3 " in " ".join(kw["flags"]) + " "
+    done = json.loads((tmp_path / name / "final.json").read_text())
+    assert done["budget"]["allocation"] == "clock" and done["budget"]["series"] == "w"
+    assert tmp_path / name not in [run for run, _, _ in alloc._stale(tmp_path)]  # judged by the clock allocation
+    for bad, message in ((["--allocation", "clock"], "needs --clock and a --series"),
+                         (["--series", "w", "--allocation", "clock", "--arms", "uniform-ngrams"],
+                          "uniform has no clock sweep yet")):
+        with pytest.raises(SystemExit, match=message):
+            main(*final, *bad)
 
 
 def test_train_arm_refuses_to_resume_an_interrupted_run_of_another_model(tmp_path, monkeypatch):

@@ -10,6 +10,7 @@ wall-clock.
     python experiments/allocation/run.py final --data DATA/enwiki --out runs/alloc --scale 1
     python experiments/allocation/run.py final --data DATA/enwiki --out runs/alloc --scale 1 --clock
     python experiments/allocation/run.py final --data DATA/enwiki --out runs/alloc --convention 6n  # accounting
+    python experiments/allocation/run.py final --data DATA/enwiki --out runs/alloc --clock --series w --allocation clock
     python experiments/allocation/run.py evaluate --out runs/alloc
     python experiments/allocation/run.py retire --out runs/alloc    # after a sweep stage changed an allocation
     python experiments/allocation/run.py report
@@ -28,27 +29,27 @@ again with the n-gram tables and every cell trained for the seconds the n-gram a
 median training seconds of the flat-ngrams FLOPs runs at scale 1; the tables cost time, not FLOPs), over a narrower
 grid (CLOCK_WIDTH x CLOCK_DEPTH: the FLOPs sweep's d 192 and n_mid 5 cells lost by 0.04 or more for every method),
 at stage 2's choice where it ran, in sweep1c-METHOD: each method's wall-clock-optimal allocation, which `best`
-prints beside the FLOPs one. A method whose patches are cheap to compute trains more FLOPs per second, so the two
-optima can differ; the cells run hours apart and this CPU's speed drifts by about 7 %, the clock sweep's own noise.
-`final` trains every method (and its n-gram variant, `--ngrams`) at its allocation with --seeds (5 for learned,
-uniform, flat and bpe-lm, 3 for the others by default) to the budget times --scale; with --clock each trains instead
-for the median training seconds of the flat model with the same embeddings at that scale (the matched wall-clock
-view; that flat arm's FLOPs runs must be finished first; it trains again for those seconds too, each seed beside the
-others', since this CPU's speed drifts by ±7 % over hours and a clock set by runs hours earlier would favour
-whichever arm ran at the faster time); `--convention 6n` matches the budget in the paper's 6N instead (attention
-free: the accounting lever's control, its runs in directories of their own); --arms picks some arms only; `--clock
---series NAME` trains a new set of clock runs paired only among themselves (e.g. learned-ngrams beside
-bpe-lm-ngrams, after the first set paired learned with flat). `evaluate` scores every finished final run on the test
-split after its first 256 KB (which earlier screens read many times), 512 KB of it, per document, and on validation,
-into experiments/allocation/records.jsonl. `retire` moves aside the final runs a later sweep stage made stale (their
-flags are no longer their method's allocation) and marks their records retired: kept and listed, out of the tables
-and the README, so `final` trains those arms again. `restore` rebuilds OUT's bookkeeping from the committed records
-when its run directories are gone (a new machine): the sweeps' cells and the finished final runs, so the allocations
-stand and nothing finished trains again. `report` prints the tables (`levers_table`: what each lever changed, for
-docs/results.md): test BPB per method, the paired t-interval over seeds against `flat` and `bpe-lm` (and learned's
-against it), and a paired bootstrap over documents (each document's bits averaged over seeds) for the same pairs.
-Everything resumes: finished cells and runs are skipped, an interrupted one continues from its checkpoint. Settings
-are chosen on validation only.
+prints beside the FLOPs one and `final --clock --series NAME --allocation clock` trains at. A method whose patches
+are cheap to compute trains more FLOPs per second, so the two optima can differ; the cells run hours apart and this
+CPU's speed drifts by about 7 %, the clock sweep's own noise. `final` trains every method (and its n-gram variant,
+`--ngrams`) at its allocation with --seeds (5 for learned, uniform, flat and bpe-lm, 3 for the others by default) to
+the budget times --scale; with --clock each trains instead for the median training seconds of the flat model with
+the same embeddings at that scale (the matched wall-clock view; that flat arm's FLOPs runs must be finished first;
+it trains again for those seconds too, each seed beside the others', since this CPU's speed drifts by ±7 % over
+hours and a clock set by runs hours earlier would favour whichever arm ran at the faster time); `--convention 6n`
+matches the budget in the paper's 6N instead (attention free: the accounting lever's control, its runs in
+directories of their own); --arms picks some arms only; `--clock --series NAME` trains a new set of clock runs
+paired only among themselves (e.g. learned-ngrams beside bpe-lm-ngrams, after the first set paired learned with
+flat). `evaluate` scores every finished final run on the test split after its first 256 KB (which earlier screens
+read many times), 512 KB of it, per document, and on validation, into experiments/allocation/records.jsonl. `retire`
+moves aside the final runs a later sweep stage made stale (their flags are no longer their method's allocation) and
+marks their records retired: kept and listed, out of the tables and the README, so `final` trains those arms again.
+`restore` rebuilds OUT's bookkeeping from the committed records when its run directories are gone (a new machine):
+the sweeps' cells and the finished final runs, so the allocations stand and nothing finished trains again. `report`
+prints the tables (`levers_table`: what each lever changed, for docs/results.md): test BPB per method, the paired
+t-interval over seeds against `flat` and `bpe-lm` (and learned's against it), and a paired bootstrap over documents
+(each document's bits averaged over seeds) for the same pairs. Everything resumes: finished cells and runs are
+skipped, an interrupted one continues from its checkpoint. Settings are chosen on validation only.
 """
 
 from __future__ import annotations
@@ -200,10 +201,12 @@ def allocation(out: Path, method: str, clock: bool = False) -> dict[str, str]:
     return {**(first or {}), **(_best_cell(out, source, 2) or {})}
 
 
-def clock_seconds(out: Path, reference: str, scale: float, seeds) -> float | None:
-    """The median training seconds of `reference`'s finished FLOPs runs (budget matched in total FLOPs) at
-    `scale` over `seeds`: what a clock run trains for; None when it has none."""
-    secs = [f["train_seconds"] for s in seeds if (f := _trained(out, reference, scale, False, s))]
+def clock_seconds(out: Path, reference: str, scale: float) -> float | None:
+    """The median training seconds of all of `reference`'s finished FLOPs runs (budget matched in total FLOPs) at
+    `scale`, whichever seeds a command names (so every clock run of a scale trains for the same seconds): what a
+    clock run trains for; None when it has none."""
+    runs = out.glob(f"final-{reference}-x{scale:g}-seed*/final.json")
+    secs = [json.loads(path.read_text())["train_seconds"] for path in runs]
     return statistics.median(secs) if secs else None
 
 
@@ -211,7 +214,7 @@ def cmd_sweep(args) -> None:
     if args.clock:
         if args.stage != 1:
             sys.exit("--clock: the clock sweep is stage 1 (width and depth) at matched seconds")
-        secs = clock_seconds(args.out, CLOCK_REFERENCE, 1.0, range(5))
+        secs = clock_seconds(args.out, CLOCK_REFERENCE, 1.0)
         if secs is None:
             sys.exit(f"--clock: the {CLOCK_REFERENCE} arm's FLOPs runs at scale 1 must finish first (`final`)")
         budget_flags = ["--time-budget", f"{secs:.6g}"]
@@ -345,15 +348,15 @@ def _arms(ngrams: bool) -> list[tuple[str, str, bool]]:
 
 
 def _run_dir(out: Path, arm: str, scale: float, clock: bool, seed: int, series: str = "",
-             convention: str = "total") -> Path:
-    """final-ARM-xSCALE[-CONVENTION unless total][-clock[-SERIES]]-seedSEED"""
-    tag = "" if convention == "total" else f"-{convention}"
+             convention: str = "total", allocated: str = "flops") -> Path:
+    """final-ARM-xSCALE[-CONVENTION unless total][-walloc: at the wall-clock allocation][-clock[-SERIES]]-seedSEED"""
+    tag = ("" if convention == "total" else f"-{convention}") + ("-walloc" if allocated == "clock" else "")
     return out / f"final-{arm}-x{scale:g}{tag}{'-clock' if clock else ''}{'-' + series if series else ''}-seed{seed}"
 
 
 def _trained(out: Path, arm: str, scale: float, clock: bool, seed: int, series: str = "",
-             convention: str = "total") -> dict | None:
-    path = _run_dir(out, arm, scale, clock, seed, series, convention) / "final.json"
+             convention: str = "total", allocated: str = "flops") -> dict | None:
+    path = _run_dir(out, arm, scale, clock, seed, series, convention, allocated) / "final.json"
     return json.loads(path.read_text()) if path.exists() else None
 
 
@@ -373,7 +376,7 @@ def _stale(out: Path) -> list[tuple[Path, dict | None, list[str]]]:
     for run in sorted(p for p in out.glob("final-*") if p.is_dir()):
         done = json.loads((run / "final.json").read_text()) if (run / "final.json").exists() else None
         method, ngrams = method_of[run.name.removeprefix("final-").rsplit("-x", 1)[0]]
-        now = _flags(method, allocation(out, method), ngrams)[2:]
+        now = _flags(method, allocation(out, method, clock="-walloc-" in run.name), ngrams)[2:]
         if _other_allocation(run, done, now):
             found.append((run, done, now))
     return found
@@ -392,15 +395,21 @@ def cmd_final(args) -> None:
         sys.exit(f"--series {args.series!r}: needs --clock and a name of letters and digits")
     if args.clock and args.convention != "total":
         sys.exit(f"--convention {args.convention}: --clock matches seconds, not FLOPs; give one or the other")
+    at_clock = args.allocation == "clock"
+    if at_clock and not (args.clock and args.series):
+        sys.exit("--allocation clock: needs --clock and a --series (its runs are paired only among themselves)")
     for seed in args.seeds:
         for arm, method, ngrams in _arms(args.ngrams):
             if method not in args.methods or (args.arms and arm not in args.arms):
                 continue
             if seed not in (args.seeds if method in MANY_SEEDS else args.seeds[:args.few_seeds]):
                 continue
-            run = _run_dir(args.out, arm, args.scale, args.clock, seed, args.series, args.convention)
-            flags = _flags(method, allocation(args.out, method), ngrams)[2:]  # train_arm adds --preset small
-            done = _trained(args.out, arm, args.scale, args.clock, seed, args.series, args.convention)
+            where = (args.out, arm, args.scale, args.clock, seed, args.series, args.convention, args.allocation)
+            run, done = _run_dir(*where), _trained(*where)
+            chosen = allocation(args.out, method, clock=at_clock)
+            if at_clock and not chosen:
+                sys.exit(f"--allocation clock: {method} has no clock sweep yet (`sweep --clock --methods {method}`)")
+            flags = _flags(method, chosen, ngrams)[2:]  # train_arm adds --preset small
             if _other_allocation(run, done, flags):
                 why = (f"trained with {' '.join(done['flags'])}, but the allocation now gives {' '.join(flags)}: the "
                        "seeds of one arm must train one model" if done else f"is an unfinished run of another "
@@ -410,7 +419,7 @@ def cmd_final(args) -> None:
                 continue
             ref = "flat-ngrams" if ngrams else "flat"  # the clock's: the flat model with the same embeddings
             if args.clock:  # the reference trains again too, beside the others: the CPU's speed drifts by hours
-                secs = clock_seconds(args.out, ref, args.scale, args.seeds)
+                secs = clock_seconds(args.out, ref, args.scale)
                 if secs is None:
                     sys.exit(f"--clock: the {ref} arm's FLOPs runs at this scale must finish first")
                 kw = {"time_budget": secs}
@@ -422,7 +431,8 @@ def cmd_final(args) -> None:
             res["flags"], res["method"], res["ngrams"] = flags, method, ngrams
             res["budget"] = {"scale": args.scale, "match": "time" if args.clock else f"flops-{args.convention}", **kw,
                              **({"reference": ref} if args.clock else {}),
-                             **({"series": args.series} if args.series else {})}
+                             **({"series": args.series} if args.series else {}),
+                             **({"allocation": "clock"} if at_clock else {})}
             atomic.write_text(run / "final.json", json.dumps(res, indent=1) + "\n")  # _trained reads it whole
             print(f"{run.name}: {res['bytes'] / 1e6:.2f} MB, {res.get('flops_total', 0):.3g} total FLOPs, "
                   f"{res['train_seconds']:.0f} s", flush=True)
@@ -559,7 +569,8 @@ def report(path: Path = RECORDS) -> str:
             by.setdefault(r["arm"], {})[r["seed"]] = r
         n_test = sub[0]["test"]["bytes"]
         unit = "s" if key[1] == "time" else "FLOPs"
-        series = f" (clock series {key[3]}: its arms trained beside each other)" if key[3] else ""
+        walloc = ", each at its wall-clock allocation" if sub[0]["budget"].get("allocation") == "clock" else ""
+        series = f" (clock series {key[3]}: its arms trained beside each other{walloc})" if key[3] else ""
         out += [f"Budget x{key[0]:g} of the reference ({key[2]:.4g} {unit}), matched {VIEWS[key[1]]}{series}; test "
                 f"BPB on {n_test:,} bytes after the first {SKIP_BYTES // 1024} KB; bootstrap: each document's bits "
                 f"averaged over the paired seeds.", "",
@@ -641,8 +652,11 @@ def levers_table(path: Path = RECORDS, preset: Path = PRESET_RECORDS) -> str:
     the arm without, at its own allocation and in the preset's shape); the allocation (its own width × depth −
     the small preset's shape, the first screen's runs); the accounting (matched total FLOPs − matched 6N,
     attention free); the clock (matched wall-clock − matched total FLOPs, per clock series)."""
+    from learntok import records
+
     now = _views(path)
     total, screen = (v.get((1.0, "flops-total", ""), {}) for v in (now, _views(preset)))
+    walloc = {r["budget"].get("series", "") for r in records.load(path) if r["budget"].get("allocation") == "clock"}
     rows: list[tuple[str, str, str, tuple[int, str]]] = []
 
     def add(lever: str, where: str, after: dict, before: dict, subjects: list[str]) -> None:
@@ -672,7 +686,8 @@ def levers_table(path: Path = RECORDS, preset: Path = PRESET_RECORDS) -> str:
             sorted(matched) + gaps)
     for (scale, match, series), clock in sorted(now.items()):
         if scale == 1.0 and match == "time":
-            add("wall-clock instead of total FLOPs", f"clock series {series or 'a'}", clock, total,
+            own = " (wall-clock allocations)" if series in walloc else ""  # two levers at once: clock and shape
+            add("wall-clock instead of total FLOPs", f"clock series {series or 'a'}{own}", clock, total,
                 sorted(clock) + gaps)
     if not rows:
         return "(no paired runs yet)\n"
@@ -800,6 +815,9 @@ def main() -> None:
     f.add_argument("--convention", choices=("total", "6n", "6n-padded"), default="total",
                    help="the FLOPs convention the budget is matched in (total: attention counted; 6n: the paper's, "
                    "the accounting lever's control; run directories ...-x1-6n-seedS)")
+    f.add_argument("--allocation", choices=("flops", "clock"), default="flops",
+                   help="the allocation each arm trains at: the FLOPs sweep's, or (with --clock and a --series) the "
+                   "clock sweep's, each method's wall-clock optimum (run directories ...-walloc-clock-SERIES-seedS)")
     f.add_argument("--ngrams", action="store_true", help="also each n-gram variant")
     f.add_argument("--arms", nargs="+", choices=[a for a, _, _ in _arms(True)],
                    help="only these arms (e.g. learned-ngrams flat-ngrams); default: all")
