@@ -506,6 +506,9 @@ def test_allocation_clock_sweep_trains_n_gram_cells_for_the_clock_finals_seconds
     records.write(tmp_path / "sweep1c-learned" / "sweep.jsonl", grid[:5])
     with pytest.raises(SystemExit, match="the clock sweep 1 has 5 of 6 cells"):
         alloc.allocation(tmp_path, "learned", clock=True)
+    capsys.readouterr()
+    main("best", "--out", tmp_path)  # an unfinished clock sweep is named, and the other methods still listed
+    assert "learned at matched seconds: learned: the clock sweep 1 has 5 of 6 cells" in capsys.readouterr().out
     records.write(tmp_path / "sweep1c-learned" / "sweep.jsonl", grid)
     records.write(tmp_path / "sweep1-learned" / "sweep.jsonl",
                   [cell(d, n, 2.4 if (d, n) == ("64", "2") else 2.6) for d in ("64", "96", "128", "192")

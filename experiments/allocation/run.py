@@ -27,29 +27,29 @@ rate for methods that have one (the BPE transformer: its vocabulary), at stage 1
 reads both stages' validation BPB and prints the allocation each method trains with. `sweep --clock` runs stage 1
 again with the n-gram tables and every cell trained for the seconds the n-gram arms' clock finals train for (the
 median training seconds of the flat-ngrams FLOPs runs at scale 1; the tables cost time, not FLOPs), over a narrower
-grid (CLOCK_WIDTH x CLOCK_DEPTH: the FLOPs sweep's d 192 and n_mid 5 cells lost by 0.04 or more for every method),
-at stage 2's choice where it ran, in sweep1c-METHOD: each method's wall-clock-optimal allocation, which `best`
-prints beside the FLOPs one and `final --clock --series NAME --allocation clock` trains at. A method whose patches
-are cheap to compute trains more FLOPs per second, so the two optima can differ; the cells run hours apart and this
-CPU's speed drifts by about 7 %, the clock sweep's own noise. `final` trains every method (and its n-gram variant,
-`--ngrams`) at its allocation with --seeds (5 for learned, uniform, flat and bpe-lm, 3 for the others by default) to
-the budget times --scale; with --clock each trains instead for the median training seconds of the flat model with
-the same embeddings at that scale (the matched wall-clock view; that flat arm's FLOPs runs must be finished first;
-it trains again for those seconds too, each seed beside the others', since this CPU's speed drifts by ±7 % over
-hours and a clock set by runs hours earlier would favour whichever arm ran at the faster time); `--convention 6n`
-matches the budget in the paper's 6N instead (attention free: the accounting lever's control, its runs in
-directories of their own); --arms picks some arms only; `--clock --series NAME` trains a new set of clock runs
-paired only among themselves (e.g. learned-ngrams beside bpe-lm-ngrams, after the first set paired learned with
-flat). `evaluate` scores every finished final run on the test split after its first 256 KB (which earlier screens
-read many times), 512 KB of it, per document, and on validation, into experiments/allocation/records.jsonl. `retire`
-moves aside the final runs a later sweep stage made stale (their flags are no longer their method's allocation) and
-marks their records retired: kept and listed, out of the tables and the README, so `final` trains those arms again.
-`restore` rebuilds OUT's bookkeeping from the committed records when its run directories are gone (a new machine):
-the sweeps' cells and the finished final runs, so the allocations stand and nothing finished trains again. `report`
-prints the tables (`levers_table`: what each lever changed, for docs/results.md): test BPB per method, the paired
-t-interval over seeds against `flat` and `bpe-lm` (and learned's against it), and a paired bootstrap over documents
-(each document's bits averaged over seeds) for the same pairs. Everything resumes: finished cells and runs are
-skipped, an interrupted one continues from its checkpoint. Settings are chosen on validation only.
+grid (CLOCK_WIDTH x CLOCK_DEPTH: without the FLOPs sweep's d 192 and n_mid 5 cells; see CLOCK_WIDTH), at stage 2's
+choice where it ran, in sweep1c-METHOD: each method's wall-clock-optimal allocation, which `best` prints beside the
+FLOPs one and `final --clock --series NAME --allocation clock` trains at. A method whose patches are cheap to
+compute trains more FLOPs per second, so the two optima can differ; the cells run hours apart and this CPU's speed
+drifts by about 7 %, the clock sweep's own noise. `final` trains every method (and its n-gram variant, `--ngrams`)
+at its allocation with --seeds (5 for learned, uniform, flat and bpe-lm, 3 for the others by default) to the budget
+times --scale; with --clock each trains instead for the median training seconds of the flat model with the same
+embeddings at that scale (the matched wall-clock view; that flat arm's FLOPs runs must be finished first; it trains
+again for those seconds too, each seed beside the others', since this CPU's speed drifts by ±7 % over hours and a
+clock set by runs hours earlier would favour whichever arm ran at the faster time); `--convention 6n` matches the
+budget in the paper's 6N instead (attention free: the accounting lever's control, its runs in directories of their
+own); --arms picks some arms only; `--clock --series NAME` trains a new set of clock runs paired only among
+themselves (e.g. learned-ngrams beside bpe-lm-ngrams, after the first set paired learned with flat). `evaluate`
+scores every finished final run on the test split after its first 256 KB (which earlier screens read many times),
+512 KB of it, per document, and on validation, into experiments/allocation/records.jsonl. `retire` moves aside the
+final runs a later sweep stage made stale (their flags are no longer their method's allocation) and marks their
+records retired: kept and listed, out of the tables and the README, so `final` trains those arms again. `restore`
+rebuilds OUT's bookkeeping from the committed records when its run directories are gone (a new machine): the sweeps'
+cells and the finished final runs, so the allocations stand and nothing finished trains again. `report` prints the
+tables (`levers_table`: what each lever changed, for docs/results.md): test BPB per method, the paired t-interval
+over seeds against `flat` and `bpe-lm` (and learned's against it), and a paired bootstrap over documents (each
+document's bits averaged over seeds) for the same pairs. Everything resumes: finished cells and runs are skipped, an
+interrupted one continues from its checkpoint. Settings are chosen on validation only.
 """
 
 from __future__ import annotations
@@ -107,8 +107,10 @@ UNET_DEPTH = "n-mid=2,3,5"
 CLOCK_WIDTH = "d-model,n-heads=64:2,96:2,128:2"
 CLOCK_DEPTH = {"flat": "n-mid=1,2", "bpe-lm": "n-mid=2,4"}
 """The clock sweep's grid (stage 1 at matched seconds): the FLOPs sweep's neighbourhood of every method's best,
-without its d 192 and n_mid 5 cells, which lost by 0.04 BPB or more for every method; `best` says when a clock
-optimum lies at this grid's edge."""
+without its d 192 cells (0.10 BPB or more behind every method's best) and its deepest ones (n_mid 5, flat's 3, the
+BPE transformer's 6: 0.007 to 0.038 behind; flat's, uniform's and the BPE transformer's within 0.01, so the clock
+grid may miss their optimum), which keeps a method's clock sweep to six cells, about an hour; `best` says when a
+clock optimum lies at this grid's edge (its deepest or narrowest point), where the grid should grow."""
 CLOCK_UNET_DEPTH = "n-mid=2,3"
 CLOCK_REFERENCE = "flat-ngrams"
 """The arm whose FLOPs runs' median seconds the clock sweep's cells train for (with the n-gram tables, like the
@@ -331,7 +333,14 @@ def cmd_best(args) -> None:
         edge = [e for stage in (1, 2) for e in edges(args.out, method, stage)] if method in SWEPT else []
         print(f"{method}: {allocation(args.out, method) or '(no sweep yet: the preset)'}"
               + (f"; at the grid's edge: {', '.join(edge)} (extend the axis)" if edge else ""))
-        if method in SWEPT and (clock := allocation(args.out, method, clock=True)):
+        if method not in SWEPT:
+            continue
+        try:
+            clock = allocation(args.out, method, clock=True)
+        except SystemExit as unfinished:  # a clock sweep under way: say so, and go on with the others
+            print(f"{method} at matched seconds: {unfinished}")
+            continue
+        if clock:
             edge = edges(args.out, method, 1, clock=True)
             print(f"{method} at matched seconds: {clock}"
                   + (f"; at the clock grid's edge: {', '.join(edge)}" if edge else ""))
