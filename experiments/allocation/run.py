@@ -207,7 +207,7 @@ def clock_seconds(out: Path, reference: str, scale: float) -> float | None:
     """The median training seconds of all of `reference`'s finished FLOPs runs (budget matched in total FLOPs) at
     `scale`, whichever seeds a command names (so every clock run of a scale trains for the same seconds): what a
     clock run trains for; None when it has none."""
-    runs = out.glob(f"final-{reference}-x{scale:g}-seed*/final.json")
+    runs = out.glob(f"{_run_dir(out, reference, scale, False, '*').name}/final.json")  # every seed's
     secs = [json.loads(path.read_text())["train_seconds"] for path in runs]
     return statistics.median(secs) if secs else None
 
@@ -243,8 +243,13 @@ def cmd_sweep(args) -> None:
 SWEEP_RECORDS = HERE / "records-sweep.jsonl"
 
 
+def _sweep_key(r: dict) -> tuple[str, int, bool]:
+    """(method, stage, clock) of a collected sweep cell's record: the sweep it belongs to."""
+    return r["method"], r["stage"], r.get("clock", False)
+
+
 def _cell_key(r: dict) -> tuple:
-    return r["method"], r["stage"], r.get("clock", False), json.dumps(r["axes"], sort_keys=True), r["seed"]
+    return *_sweep_key(r), json.dumps(r["axes"], sort_keys=True), r["seed"]
 
 
 def _sweep_of(path: Path) -> tuple[str, int, bool]:
@@ -284,7 +289,7 @@ def cmd_restore(args) -> None:
 
     groups: dict[tuple[str, int, bool], list[dict]] = {}
     for r in records.load(args.sweep_results):
-        groups.setdefault((r["method"], r["stage"], r.get("clock", False)), []).append(
+        groups.setdefault(_sweep_key(r), []).append(
             {k: v for k, v in r.items() if k not in ("method", "stage", "clock")})
     sweeps = 0
     for (method, stage, clock), rows in groups.items():
@@ -315,10 +320,11 @@ def sweep_table(path: Path = SWEEP_RECORDS) -> str:
     if not rows:
         return "(no sweep cells yet)\n"
     out = ["| method | stage | cell | val BPB | MB trained | total GFLOPs | train s |", "|---|---|---|---|---|---|---|"]
-    groups = {(r["method"], r["stage"], r.get("clock", False)) for r in rows}
+    groups: dict[tuple[str, int, bool], list[dict]] = {}
+    for r in rows:
+        groups.setdefault(_sweep_key(r), []).append(r)
     for key in sorted(groups, key=lambda k: (list(METHODS).index(k[0]), k[1], k[2])):
-        cells = sorted((r for r in rows if (r["method"], r["stage"], r.get("clock", False)) == key),
-                       key=lambda r: r["val_bpb"])
+        cells = sorted(groups[key], key=lambda r: r["val_bpb"])
         stage = f"{key[1]} (clock)" if key[2] else str(key[1])
         for i, r in enumerate(cells):
             name = ", ".join(f"{k} {v}" for k, v in r["axes"].items() if k != "n-heads")
@@ -356,10 +362,14 @@ def _arms(ngrams: bool) -> list[tuple[str, str, bool]]:
     return out
 
 
-def _run_dir(out: Path, arm: str, scale: float, clock: bool, seed: int, series: str = "",
+WALLOC = "-walloc"
+"""The run directory's tag of a final run at the wall-clock allocation (`final --allocation clock`)."""
+
+
+def _run_dir(out: Path, arm: str, scale: float, clock: bool, seed: int | str, series: str = "",
              convention: str = "total", allocated: str = "flops") -> Path:
     """final-ARM-xSCALE[-CONVENTION unless total][-walloc: at the wall-clock allocation][-clock[-SERIES]]-seedSEED"""
-    tag = ("" if convention == "total" else f"-{convention}") + ("-walloc" if allocated == "clock" else "")
+    tag = ("" if convention == "total" else f"-{convention}") + (WALLOC if allocated == "clock" else "")
     return out / f"final-{arm}-x{scale:g}{tag}{'-clock' if clock else ''}{'-' + series if series else ''}-seed{seed}"
 
 
@@ -385,7 +395,7 @@ def _stale(out: Path) -> list[tuple[Path, dict | None, list[str]]]:
     for run in sorted(p for p in out.glob("final-*") if p.is_dir()):
         done = json.loads((run / "final.json").read_text()) if (run / "final.json").exists() else None
         method, ngrams = method_of[run.name.removeprefix("final-").rsplit("-x", 1)[0]]
-        now = _flags(method, allocation(out, method, clock="-walloc-" in run.name), ngrams)[2:]
+        now = _flags(method, allocation(out, method, clock=WALLOC + "-" in run.name), ngrams)[2:]
         if _other_allocation(run, done, now):
             found.append((run, done, now))
     return found

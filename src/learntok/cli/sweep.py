@@ -66,6 +66,12 @@ class SweepArgs:
             return "time", self.time_budget
         return CONVENTION_KEYS[self.flops_convention], self.flops_budget
 
+    def matched(self) -> dict:
+        """What every cell is matched in, for its record."""
+        if self.time_budget:
+            return {"time_budget": self.time_budget}
+        return {"flops_budget": self.flops_budget, "flops_convention": self.flops_convention}
+
     def budget_flags(self) -> list[str]:
         if self.time_budget:
             return ["--time-budget", f"{self.time_budget:.6g}", "--schedule", "time"]
@@ -138,8 +144,7 @@ def record(run: Path, cell: dict, seed: int, command: list[str], wall: float | N
     byte, token = build_model(cfg.model, cfg.boundary).matrix_params()
     return records.make("sweep", cell_name(cell, seed).rsplit("__seed", 1)[0] or "cell", seed,
                         command="learntok " + " ".join(command), prov=prov, axes=cell, budget=budget or {},
-                        config=config,
-                        byte_params=byte, token_params=token, bytes=final["bytes"], steps=final["step"],
+                        config=config, byte_params=byte, token_params=token, bytes=final["bytes"], steps=final["step"],
                         **{k: final[k] for k in CONVENTION_KEYS.values() if k in final},
                         train_seconds=final["time"], wall_seconds=wall, val_bpb=final["val/bpb"],
                         val_rate=final["val/rate"])
@@ -174,7 +179,7 @@ def table(rows: list[dict]) -> str:
 
 
 def _matched(rows: list[dict]) -> str:
-    """What the cells were matched in, for a title: 'FLOPs' or 'time' (older records say nothing: FLOPs)."""
+    """What the cells were matched in, for the plot's title (records older than `budget` were all FLOPs)."""
     return "training time" if any("time_budget" in r.get("budget", {}) for r in rows) else "FLOPs budget"
 
 
@@ -241,8 +246,6 @@ def cmd_sweep(argv: list[str]) -> int:
             raise UsageError(f"cell {cell}: {e}") from None
     out.mkdir(parents=True, exist_ok=True)
     key, amount = a.budget()
-    matched = {"time_budget": amount} if a.time_budget else {"flops_budget": amount,
-                                                             "flops_convention": a.flops_convention}
     done = {(json.dumps(r["axes"], sort_keys=True), r["seed"]) for r in records.load(path)}
     for seed in a.seeds:
         for cell in grid:
@@ -265,7 +268,7 @@ def cmd_sweep(argv: list[str]) -> int:
                 if code != 0 or final is None:
                     raise TrainingError(f"cell {cell_name(cell, seed)} stopped before its budget (exit {code}); see "
                                         f"{out / (cell_name(cell, seed) + '.log')}; run the sweep again to resume it")
-            rec = record(run, cell, seed, argv_cell, time.time() - t0 if trained else None, final, matched)
+            rec = record(run, cell, seed, argv_cell, time.time() - t0 if trained else None, final, a.matched())
             records.append(path, rec)
             write_reports(out, records.load(path))
             print(f"cell {cell_name(cell, seed)}: val BPB {rec['val_bpb']:.4f}, rate {rec['val_rate']:.3f}, "
