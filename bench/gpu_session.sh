@@ -11,6 +11,9 @@
 #   bench/gpu_session.sh bench    # compiled paper-147m, learned vs uniform: bytes/s, MFU, ratio, kernels, recompiles
 #   bench/gpu_session.sh eager    # eager paper-147m rows and peak memory at 8 and 16; the remaining CUDA tests
 #
+# Sizes from the first GPU run (H200, torch 2.11, 2026-11-28): inductor takes 40-80 s per paper-147m graph, and
+# each replayed step of a learned runner lands in its own token bucket (the policy's rate moves fast in the first
+# updates), so a stage affords about one graph per minute: --steps 1 in smoke, 2 in bench (5 ran out of time).
 # Run the three back to back on one machine (it stays warm 30 s after a call): inductor's cache in /tmp then
 # carries smoke's compiled learned graphs into bench. The machine needs no network: the script runs from the
 # checkout (PYTHONPATH=src) with the machine's own PyTorch (torch 2.11 on Python 3.12 there, not this project's
@@ -65,10 +68,10 @@ smoke)
     (
         rc=0
         provenance
-        TORCH_LOGS=recompiles,graph_breaks timeout -k 10 270 "$PY" bench/bench_gpu.py --configs paper-147m \
-            --token-bucket 128 --modes compiled --rounds 0 --steps 2 --warmup 1 --micro-batches 8 16 \
+        TORCH_LOGS=recompiles,graph_breaks timeout -k 10 320 "$PY" bench/bench_gpu.py --configs paper-147m \
+            --token-bucket 128 --modes compiled --rounds 0 --steps 1 --warmup 1 --micro-batches 8 16 \
             --out "$out/smoke" || rc=$?
-        timeout -k 10 170 "${PYTEST[@]}" --timeout=150 --junitxml="$out/smoke-tests.xml" \
+        timeout -k 10 120 "${PYTEST[@]}" --timeout=100 --junitxml="$out/smoke-tests.xml" \
             tests/test_gpu.py tests/test_model.py -k "$CORE" || rc=$?
         exit $rc
     ) 2>&1 | tee "$out/smoke.log"
@@ -77,7 +80,7 @@ bench)
     (
         provenance
         TORCH_LOGS=recompiles,graph_breaks timeout -k 10 450 "$PY" bench/bench_gpu.py --configs paper-147m \
-            --token-bucket 128 --modes compiled --rounds 10 --steps 5 --warmup 2 --profile 30 --out "$out/bench"
+            --token-bucket 128 --modes compiled --rounds 10 --steps 2 --warmup 2 --profile 30 --out "$out/bench"
     ) 2>&1 | tee "$out/bench.log"
     ;;
 eager)

@@ -116,6 +116,23 @@ def test_rows_that_compiled_while_timing_or_synced_more_than_once_are_rejected(b
     assert bench.rejection({"graphs_compiled_while_timing": graphs, "host_syncs_per_step": syncs}) == want
 
 
+def test_only_synchronising_calls_count_as_host_syncs_not_the_debug_modes_own_notice(bench):
+    """torch 2.11 on an H200 (2026-11-28): setting the sync debug mode warns that it "is a prototype feature"
+    (the word synchronization in it), which the first GPU run counted as a second sync per step."""
+    import warnings
+
+    def caught(message, line):
+        return warnings.WarningMessage(UserWarning(message), UserWarning, "site.py", line)
+
+    n, sites = bench.sync_sites([
+        caught("Synchronization debug mode is a prototype feature and does not yet detect all synchronizing "
+               "operations", 1),
+        caught("called a synchronizing CUDA operation (function operator())", 2),
+        caught("some other warning", 3),
+    ])
+    assert (n, sites) == (1, ["site.py:2"])
+
+
 def test_nvidia_smi_reading_picks_the_device_by_uuid(bench, monkeypatch):
     fields = "GPU-{u}, NVIDIA H100 80GB HBM3, 580.159.04, 81559, {sm}, 2619, 1980, 2619, 700.00, 41, P0"
     text = "\n".join([fields.format(u="aaaa", sm=345), fields.format(u="bbbb", sm=1980)]) + "\n"
