@@ -172,7 +172,7 @@ def _allocation():
     return mod
 
 
-def test_allocation_budget_flags_best_cell_and_report(tmp_path, monkeypatch):
+def test_allocation_budget_flags_best_cell_and_report(tmp_path, monkeypatch, capsys):
     """experiments/allocation: the budget is the total FLOPs (6N plus attention) of uniform's bytes; a method's
     flags carry its rate unless the allocation or a sweep axis sets it; the best cell is the lowest mean validation
     BPB over seeds; the report pairs by seed and bootstraps documents, and refuses to pair different text."""
@@ -193,6 +193,10 @@ def test_allocation_budget_flags_best_cell_and_report(tmp_path, monkeypatch):
     records.write(d / "sweep.jsonl", [cell({"n-mid": "2"}, 0, 2.0), cell({"n-mid": "2"}, 1, 2.4)])
     with pytest.raises(SystemExit, match="stage 1 has 1 of 2 cells"):  # its best so far could still change
         alloc.allocation(tmp_path, "uniform")
+    capsys.readouterr()
+    alloc.cmd_best(types.SimpleNamespace(out=tmp_path))  # names the unfinished sweep and lists the other methods
+    out = capsys.readouterr().out
+    assert "uniform: stage 1 has 1 of 2 cells" in out and "\nflat: " in out and "learned: " in out
     records.write(d / "sweep.jsonl", [*records.load(d / "sweep.jsonl"), cell({"n-mid": "3"}, 0, 2.1),
                                       cell({"n-mid": "3"}, 1, 2.2)])
     assert alloc.allocation(tmp_path, "uniform") == {"n-mid": "3"}  # mean 2.15 beats 2.2
@@ -372,6 +376,10 @@ def test_allocation_study_summary_pairs_seeds_and_names_shapes(tmp_path):
                          final("flat-ngrams", 1, 2.1, "time")])
     line = alloc.study_summary(path)  # one pair's views together; two clock series of it are told apart
     assert line.count("flat FLOPs") == 1 and "clock a +0.100 [" in line and "clock b -0.100 [" in line
+    assert "each at its wall-clock" not in line
+    records.write(path, [*records.load(path), *[{**r, "budget": {**r["budget"], "allocation": "clock"}}
+                                                for r in records.load(path) if r["budget"].get("series") == "b"]])
+    assert "clock b (each at its wall-clock width × depth) -0.100 [" in alloc.study_summary(path)
     assert "Without n-grams" not in line
     records.write(path, [*records.load(path), final("learned", 0, 2.4), final("flat", 0, 2.3),
                          final("learned", 1, 2.45), final("flat", 1, 2.3)])

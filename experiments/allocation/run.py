@@ -159,6 +159,11 @@ def _axes(method: str, stage: int, clock: bool = False) -> list[str]:
     return axes + (["target-rate=0.15,0.2,0.25"] if method in HAS_RATE else [])
 
 
+class UnfinishedSweep(SystemExit):
+    """A sweep stage with some but not all of its cells (its best so far could still change): a command that needs
+    its allocation stops with the one-line message; `best` reports it and goes on with the others."""
+
+
 def _best_cell(out: Path, method: str, stage: int, clock: bool = False) -> dict[str, str] | None:
     """The axes of the stage's lowest validation BPB (mean over its seeds), or None when the stage has no cell
     yet; a stage with some but not all of its cells is an error (its best so far could change)."""
@@ -171,8 +176,9 @@ def _best_cell(out: Path, method: str, stage: int, clock: bool = False) -> dict[
     grid = {json.dumps(c, sort_keys=True) for c in cells(parse_axes(tuple(_axes(method, stage, clock))))}
     missing = grid - {json.dumps(r["axes"], sort_keys=True) for r in rows}
     if missing:
-        sys.exit(f"{method}: {'the clock sweep' if clock else 'stage'} {stage} has {len(grid) - len(missing)} of "
-                 f"{len(grid)} cells; finish it (run the sweep again) before its best allocation is used")
+        raise UnfinishedSweep(f"{method}: {'the clock sweep' if clock else 'stage'} {stage} has "
+                              f"{len(grid) - len(missing)} of {len(grid)} cells; finish it (run the sweep again) "
+                              "before its best allocation is used")
     groups: dict[str, list[dict]] = {}
     for r in rows:
         groups.setdefault(json.dumps(r["axes"], sort_keys=True), []).append(r)
@@ -336,14 +342,17 @@ def sweep_table(path: Path = SWEEP_RECORDS) -> str:
 
 def cmd_best(args) -> None:
     for method in METHODS:
-        edge = [e for stage in (1, 2) for e in edges(args.out, method, stage)] if method in SWEPT else []
-        print(f"{method}: {allocation(args.out, method) or '(no sweep yet: the preset)'}"
-              + (f"; at the grid's edge: {', '.join(edge)} (extend the axis)" if edge else ""))
+        try:
+            edge = [e for stage in (1, 2) for e in edges(args.out, method, stage)] if method in SWEPT else []
+            print(f"{method}: {allocation(args.out, method) or '(no sweep yet: the preset)'}"
+                  + (f"; at the grid's edge: {', '.join(edge)} (extend the axis)" if edge else ""))
+        except UnfinishedSweep as unfinished:  # a sweep under way: say so, and go on with the others
+            print(unfinished)
         if method not in SWEPT:
             continue
         try:
             clock = allocation(args.out, method, clock=True)
-        except SystemExit as unfinished:  # a clock sweep under way: say so, and go on with the others
+        except UnfinishedSweep as unfinished:
             print(f"{method} at matched seconds: {unfinished}")
             continue
         if clock:
@@ -665,6 +674,11 @@ def _change(after: dict[int, float], before: dict[int, float]) -> tuple[int, str
     return len(seeds), interval_text(p, tie=True)
 
 
+def _walloc_series(rows: list[dict]) -> set[str]:
+    """The clock series whose arms trained at each method's wall-clock allocation (`final --allocation clock`)."""
+    return {r["budget"].get("series", "") for r in rows if r["budget"].get("allocation") == "clock"}
+
+
 def levers_table(path: Path = RECORDS, preset: Path = PRESET_RECORDS) -> str:
     """What each lever of the study changed, paired over seeds at the x1 budget: on each arm's test BPB and on
     learned's difference to each method with the same embeddings. Levers: the n-gram tables (an arm with them −
@@ -675,7 +689,7 @@ def levers_table(path: Path = RECORDS, preset: Path = PRESET_RECORDS) -> str:
 
     now = _views(path)
     total, screen = (v.get((1.0, "flops-total", ""), {}) for v in (now, _views(preset)))
-    walloc = {r["budget"].get("series", "") for r in records.load(path) if r["budget"].get("allocation") == "clock"}
+    walloc = _walloc_series(records.load(path))
     rows: list[tuple[str, str, str, tuple[int, str]]] = []
 
     def add(lever: str, where: str, after: dict, before: dict, subjects: list[str]) -> None:
@@ -730,6 +744,7 @@ def study_summary(path: Path = RECORDS) -> str | None:
 
     by: dict[tuple, dict[str, dict[int, float]]] = {}
     vocab = ""
+    walloc = _walloc_series(records.load(path))
     for r in (r for r in records.load(path) if not r.get("retired")):
         if "--bpe-vocab-size" in (f := _options(r["flags"])):
             vocab = f" (vocabulary {int(f['--bpe-vocab-size']):,})"  # the allocation's, given last
@@ -745,6 +760,7 @@ def study_summary(path: Path = RECORDS) -> str | None:
         for scale, match, series, seeds, p in found:
             twice = sum(1 for x in found if x[:2] == (scale, match)) > 1  # a second clock series of one pair
             named = " " + (series or "a") if twice else ""
+            named += " (each at its wall-clock width × depth)" if series in walloc else ""
             scaled = f" x{scale:g}" if scale != 1 else ""
             views.append(f"{SHORT[match]}{named}{scaled} {interval_text(p, 3)}{' tie' if p['tie'] else ''} "
                          f"({len(seeds)})")
