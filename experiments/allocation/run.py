@@ -744,8 +744,9 @@ def study_summary(path: Path = RECORDS) -> str | None:
 
     by: dict[tuple, dict[str, dict[int, float]]] = {}
     vocab = ""
-    walloc = _walloc_series(records.load(path))
-    for r in (r for r in records.load(path) if not r.get("retired")):
+    rows = records.load(path)
+    walloc = _walloc_series(rows)
+    for r in (r for r in rows if not r.get("retired")):
         if "--bpe-vocab-size" in (f := _options(r["flags"])):
             vocab = f" (vocabulary {int(f['--bpe-vocab-size']):,})"  # the allocation's, given last
         by.setdefault(_budget_key(r), {}).setdefault(r["arm"], {})[r["seed"]] = r["test"]["bpb"]
