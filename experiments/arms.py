@@ -83,13 +83,14 @@ def flops_per_byte(name: str, rate: float) -> float:
     return 6.0 * (pb + pt * (RATE_FREE.get(name) or rate))
 
 
-def config_differences(run: Path, argv: list[str]) -> list[str]:
-    """The model and boundary settings in which RUN's saved config (config.json) differs from what `learntok train
-    ARGV` builds, as `section.field: saved -> asked`; empty when resuming RUN trains what ARGV asks for (`--resume`
-    restores the saved config whatever other flags say). Fields an older run did not save are not compared."""
+def config_differences(run: Path | dict, argv: list[str]) -> list[str]:
+    """The model and boundary settings in which RUN's saved config (its config.json, or that config itself, as a
+    record keeps it) differs from what `learntok train ARGV` builds, as `section.field: saved -> asked`; empty when
+    resuming RUN trains what ARGV asks for (`--resume` restores the saved config whatever other flags say). Fields
+    an older run did not save are not compared."""
     from learntok.cli.train import parse_train_args
 
-    saved = json.loads((run / "config.json").read_text())
+    saved = run if isinstance(run, dict) else json.loads((run / "config.json").read_text())
     cfg = parse_train_args(argv)
     asked = json.loads(json.dumps({k: asdict(getattr(cfg, k)) for k in ("model", "boundary")}))
     return [f"{k}.{f}: {saved[k][f]} -> {v}" for k in asked for f, v in asked[k].items()

@@ -285,7 +285,7 @@ def test_allocation_retire_moves_stale_runs_aside_and_keeps_their_records_out_of
     where it now is), the tables and the README line leave them out but list them, and it is idempotent."""
     alloc = _allocation()
     monkeypatch.setattr(alloc, "allocation",
-                        lambda out, m, clock=False: {"bpe-vocab-size": "2048"} if m == "bpe-lm" else {})
+                        lambda out, m, clock=False, strict=True: {"bpe-vocab-size": "2048"} if m == "bpe-lm" else {})
     results = tmp_path / "records.jsonl"
     rows = []
 
@@ -578,3 +578,41 @@ def test_train_arm_refuses_to_resume_an_interrupted_run_of_another_model(tmp_pat
     with pytest.raises(ZeroDivisionError):  # the same model: it resumes
         arms.train_arm(run, tmp_path, "uniform", rate=0.2, seed=0, flags=["--boundaries", "uniform", "--d-model", "96"])
     assert "--resume" in started[0]
+
+
+def test_allocation_clock_sweep_is_stale_once_stage_2_chooses_other_settings(tmp_path, monkeypatch, capsys):
+    """A clock sweep whose cells trained at the preset's byte window is refused (StaleSweep, which `best` names)
+    once stage 2 chooses another window, and `retire` judges a run at the wall-clock allocation by today's stage 2;
+    the clock sweep run again at stage 2's choice is current."""
+    from dataclasses import asdict
+
+    from learntok.cli.train import parse_train_args
+
+    alloc = _allocation()
+    monkeypatch.setattr(alloc, "_axes", lambda method, stage, clock=False:
+                        ["n-mid=2,3"] if stage == 1 else ["byte-window=4,8"])
+
+    def cell(axes, bpb, second=None):
+        cfg = parse_train_args(["--preset", "small", *alloc._flags("learned", {**axes, **(second or {})}, True)[2:]])
+        config = json.loads(json.dumps({k: asdict(getattr(cfg, k)) for k in ("model", "boundary")}))
+        return records.make("sweep", "cell", 0, command="x", axes=axes, val_bpb=bpb, config=config)
+
+    clock = tmp_path / "sweep1c-learned" / "sweep.jsonl"
+    records.write(clock, [cell({"n-mid": "2"}, 2.0), cell({"n-mid": "3"}, 2.1)])
+    assert alloc.allocation(tmp_path, "learned", clock=True) == {"n-mid": "2"}  # no stage 2 yet
+    run = alloc._run_dir(tmp_path, "learned-ngrams", 1.0, True, 0, "w", allocated="clock")
+    run.mkdir()
+    (run / "final.json").write_text(json.dumps({"flags": alloc._flags("learned", {"n-mid": "2"}, True)[2:]}))
+    assert alloc._stale(tmp_path) == []
+    records.write(tmp_path / "sweep2-learned" / "sweep.jsonl", [
+        records.make("sweep", "cell", 0, command="x", axes={"byte-window": w}, val_bpb=b)
+        for w, b in (("4", 2.0), ("8", 2.1))])
+    with pytest.raises(alloc.StaleSweep, match=r"model\.byte_window: 8 -> 4\); move sweep1c-learned aside"):
+        alloc.allocation(tmp_path, "learned", clock=True)
+    capsys.readouterr()
+    alloc.cmd_best(types.SimpleNamespace(out=tmp_path))
+    assert "learned at matched seconds: learned: the clock sweep trained with other settings" in capsys.readouterr().out
+    ((stale, _, now),) = alloc._stale(tmp_path)  # trained at window 8: retire moves it aside
+    assert stale == run and " --byte-window 4 " in " ".join(now) + " "
+    records.write(clock, [cell({"n-mid": n}, b, {"byte-window": "4"}) for n, b in (("2", 2.2), ("3", 2.1))])
+    assert alloc.allocation(tmp_path, "learned", clock=True) == {"n-mid": "3", "byte-window": "4"}

@@ -28,8 +28,9 @@ reads both stages' validation BPB and prints the allocation each method trains w
 again with the n-gram tables and every cell trained for the seconds the n-gram arms' clock finals train for (the
 median training seconds of the flat-ngrams FLOPs runs at scale 1; the tables cost time, not FLOPs), over a narrower
 grid (CLOCK_WIDTH x CLOCK_DEPTH: without the FLOPs sweep's d 192 and n_mid 5 cells; see CLOCK_WIDTH), at stage 2's
-choice where it ran, in sweep1c-METHOD: each method's wall-clock-optimal allocation, which `best` prints beside the
-FLOPs one and `final --clock --series NAME --allocation clock` trains at. A method whose patches are cheap to
+choice where it ran, in sweep1c-METHOD (stale, and refused, once stage 2 chooses another window or rate: run it
+again): each method's wall-clock-optimal allocation, which `best` prints beside the FLOPs one and `final --clock
+--series NAME --allocation clock` trains at. A method whose patches are cheap to
 compute trains more FLOPs per second, so the two optima can differ; the cells run hours apart and this CPU's speed
 drifts by about 7 %, the clock sweep's own noise. `final` trains every method (and its n-gram variant, `--ngrams`)
 at its allocation with --seeds (5 for learned, uniform, flat and bpe-lm, 3 for the others by default) to the budget
@@ -164,6 +165,24 @@ class UnfinishedSweep(SystemExit):
     its allocation stops with the one-line message; `best` reports it and goes on with the others."""
 
 
+class StaleSweep(UnfinishedSweep):
+    """A clock sweep whose cells trained with another byte window or rate than stage 2 now chooses (stage 2 ran,
+    or changed its choice, after it): like an unfinished sweep, its best cannot be used until it runs again."""
+
+
+def _stale_clock_sweep(out: Path, method: str, second: dict[str, str]) -> list[str]:
+    """The model settings in which the clock sweep's cells (their recorded configs) differ from what stage 2's
+    choice `second` now gives them; empty when they agree, or for cells recorded without a config."""
+    from learntok import records
+
+    found: set[str] = set()
+    for r in records.load(_sweep_dir(out, method, 1, clock=True) / "sweep.jsonl"):
+        if "config" in r:
+            asked = ["--preset", "small", *_flags(method, {**r["axes"], **second}, ngrams=True)[2:]]
+            found.update(arms.config_differences(r["config"], asked))
+    return sorted(found)
+
+
 def _best_cell(out: Path, method: str, stage: int, clock: bool = False) -> dict[str, str] | None:
     """The axes of the stage's lowest validation BPB (mean over its seeds), or None when the stage has no cell
     yet; a stage with some but not all of its cells is an error (its best so far could change)."""
@@ -198,15 +217,21 @@ def edges(out: Path, method: str, stage: int, clock: bool = False) -> list[str]:
             if len(points) > 1 and tuple(best[f] for f in flags) in (points[0], points[-1])]
 
 
-def allocation(out: Path, method: str, clock: bool = False) -> dict[str, str]:
+def allocation(out: Path, method: str, clock: bool = False, strict: bool = True) -> dict[str, str]:
     """Stage 1's best width and depth and stage 2's best byte window (and rate); the preset's where a stage has
     not run. A method outside SWEPT takes uniform's. With `clock`, the clock sweep's stage 1 replaces stage 1 (and
-    the allocation is {} until it has run)."""
+    the allocation is {} until it has run); a clock sweep run at another stage-2 choice is StaleSweep unless not
+    `strict` (then its best stands beside today's stage 2: what `retire` judges runs by)."""
     source = method if method in SWEPT else "uniform"
     first = _best_cell(out, source, 1, clock)
     if clock and first is None:
         return {}
-    return {**(first or {}), **(_best_cell(out, source, 2) or {})}
+    second = _best_cell(out, source, 2) or {}
+    if clock and strict and (changed := _stale_clock_sweep(out, source, second)):
+        raise StaleSweep(f"{source}: the clock sweep trained with other settings than stage 2 now chooses "
+                         f"({'; '.join(changed)}); move {_sweep_dir(out, source, 1, clock=True).name} aside and "
+                         f"run `sweep --clock --methods {source}` again")
+    return {**(first or {}), **second}
 
 
 def clock_seconds(out: Path, reference: str, scale: float) -> float | None:
@@ -404,7 +429,7 @@ def _stale(out: Path) -> list[tuple[Path, dict | None, list[str]]]:
     for run in sorted(p for p in out.glob("final-*") if p.is_dir()):
         done = json.loads((run / "final.json").read_text()) if (run / "final.json").exists() else None
         method, ngrams = method_of[run.name.removeprefix("final-").rsplit("-x", 1)[0]]
-        now = _flags(method, allocation(out, method, clock=WALLOC + "-" in run.name), ngrams)[2:]
+        now = _flags(method, allocation(out, method, clock=WALLOC + "-" in run.name, strict=False), ngrams)[2:]
         if _other_allocation(run, done, now):
             found.append((run, done, now))
     return found
