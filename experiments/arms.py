@@ -83,16 +83,22 @@ def flops_per_byte(name: str, rate: float) -> float:
     return 6.0 * (pb + pt * (RATE_FREE.get(name) or rate))
 
 
+def saved_config(argv: list[str]) -> dict:
+    """The model and boundary sections of the config `learntok train ARGV` builds, as its config.json saves them
+    (JSON types: tuples as lists)."""
+    from learntok.cli.train import parse_train_args
+
+    cfg = parse_train_args(argv)
+    return json.loads(json.dumps({k: asdict(getattr(cfg, k)) for k in ("model", "boundary")}))
+
+
 def config_differences(run: Path | dict, argv: list[str]) -> list[str]:
     """The model and boundary settings in which RUN's saved config (its config.json, or that config itself, as a
     record keeps it) differs from what `learntok train ARGV` builds, as `section.field: saved -> asked`; empty when
     resuming RUN trains what ARGV asks for (`--resume` restores the saved config whatever other flags say). Fields
     an older run did not save are not compared."""
-    from learntok.cli.train import parse_train_args
-
     saved = run if isinstance(run, dict) else json.loads((run / "config.json").read_text())
-    cfg = parse_train_args(argv)
-    asked = json.loads(json.dumps({k: asdict(getattr(cfg, k)) for k in ("model", "boundary")}))
+    asked = saved_config(argv)
     return [f"{k}.{f}: {saved[k][f]} -> {v}" for k in asked for f, v in asked[k].items()
             if f in saved.get(k, {}) and saved[k][f] != v]
 

@@ -308,14 +308,9 @@ def test_allocation_retire_moves_stale_runs_aside_and_keeps_their_records_out_of
     records.write(results, rows)
 
     def unfinished(arm, seed, flags):  # a run interrupted at a checkpoint: its config, no final.json
-        from dataclasses import asdict
-
-        from learntok.cli.train import parse_train_args
-
-        cfg = parse_train_args(["--preset", "small", *flags])
         run = alloc._run_dir(tmp_path, arm, 1.0, False, seed)
         run.mkdir()
-        (run / "config.json").write_text(json.dumps({k: asdict(getattr(cfg, k)) for k in ("model", "boundary")}))
+        (run / "config.json").write_text(json.dumps(arms.saved_config(["--preset", "small", *flags])))
         (run / "latest").write_text("step_000001")
         return run
 
@@ -561,14 +556,10 @@ def test_allocation_clock_sweep_trains_n_gram_cells_for_the_clock_finals_seconds
 def test_train_arm_refuses_to_resume_an_interrupted_run_of_another_model(tmp_path, monkeypatch):
     """`--resume` restores the saved config whatever the flags say, so resuming an interrupted run under other
     model flags would train the old model under the new arm's name: train_arm refuses and names the field."""
-    from dataclasses import asdict
-
-    from learntok.cli.train import parse_train_args
-
     run = tmp_path / "run"
     run.mkdir()
-    cfg = parse_train_args(["--preset", "small", "--boundaries", "uniform", "--d-model", "96"])
-    (run / "config.json").write_text(json.dumps({k: asdict(getattr(cfg, k)) for k in ("model", "boundary")}))
+    (run / "config.json").write_text(json.dumps(arms.saved_config(["--preset", "small", "--boundaries", "uniform",
+                                                                   "--d-model", "96"])))
     (run / "latest").write_text("step_000010")
     started = []
     monkeypatch.setattr(arms.subprocess, "run", lambda args, **kw: started.append(args) or 1 / 0)
@@ -584,17 +575,13 @@ def test_allocation_clock_sweep_is_stale_once_stage_2_chooses_other_settings(tmp
     """A clock sweep whose cells trained at the preset's byte window is refused (StaleSweep, which `best` names)
     once stage 2 chooses another window, and `retire` judges a run at the wall-clock allocation by today's stage 2;
     the clock sweep run again at stage 2's choice is current."""
-    from dataclasses import asdict
-
-    from learntok.cli.train import parse_train_args
-
     alloc = _allocation()
     monkeypatch.setattr(alloc, "_axes", lambda method, stage, clock=False:
                         ["n-mid=2,3"] if stage == 1 else ["byte-window=4,8"])
 
     def cell(axes, bpb, second=None):
-        cfg = parse_train_args(["--preset", "small", *alloc._flags("learned", {**axes, **(second or {})}, True)[2:]])
-        config = json.loads(json.dumps({k: asdict(getattr(cfg, k)) for k in ("model", "boundary")}))
+        config = arms.saved_config(["--preset", "small",
+                                    *alloc._flags("learned", {**axes, **(second or {})}, True)[2:]])
         return records.make("sweep", "cell", 0, command="x", axes=axes, val_bpb=bpb, config=config)
 
     clock = tmp_path / "sweep1c-learned" / "sweep.jsonl"

@@ -675,12 +675,10 @@ PRESET_RECORDS = HERE / "records-preset.jsonl"
 """The first screen's records: every method in the small preset's shape (the allocation lever's before)."""
 
 
-def _views(path: Path) -> dict[tuple[float, str, str], dict[str, dict[int, float]]]:
-    """Test BPB per (scale, match, clock series), arm and seed, retired runs left out."""
-    from learntok import records
-
+def _views(recs: list[dict]) -> dict[tuple[float, str, str], dict[str, dict[int, float]]]:
+    """Test BPB per (scale, match, clock series), arm and seed of final runs' records, retired runs left out."""
     by: dict[tuple, dict[str, dict[int, float]]] = {}
-    for r in (r for r in records.load(path) if not r.get("retired")):
+    for r in (r for r in recs if not r.get("retired")):
         scale, match, _, series = _budget_key(r)
         by.setdefault((scale, match, series), {}).setdefault(r["arm"], {})[r["seed"]] = r["test"]["bpb"]
     return by
@@ -716,9 +714,10 @@ def levers_table(path: Path = RECORDS, preset: Path = PRESET_RECORDS) -> str:
     attention free); the clock (matched wall-clock − matched total FLOPs, per clock series)."""
     from learntok import records
 
-    now = _views(path)
-    total, screen = (v.get((1.0, "flops-total", ""), {}) for v in (now, _views(preset)))
-    walloc = _walloc_series(records.load(path))
+    recs = records.load(path)
+    now = _views(recs)
+    total, screen = (v.get((1.0, "flops-total", ""), {}) for v in (now, _views(records.load(preset))))
+    walloc = _walloc_series(recs)
     rows: list[tuple[str, str, str, tuple[int, str]]] = []
 
     def add(lever: str, where: str, after: dict, before: dict, subjects: list[str]) -> None:
