@@ -30,9 +30,9 @@ median training seconds of the flat-ngrams FLOPs runs at scale 1; the tables cos
 grid (CLOCK_WIDTH x CLOCK_DEPTH: without the FLOPs sweep's d 192 and n_mid 5 cells; see CLOCK_WIDTH), at stage 2's
 choice where it ran, in sweep1c-METHOD (stale, and refused, once stage 2 chooses another window or rate: run it
 again): each method's wall-clock-optimal allocation, which `best` prints beside the FLOPs one and `final --clock
---series NAME --allocation clock` trains at. A method whose patches are cheap to
-compute trains more FLOPs per second, so the two optima can differ; the cells run hours apart and this CPU's speed
-drifts by about 7 %, the clock sweep's own noise. `final` trains every method (and its n-gram variant, `--ngrams`)
+--series NAME --allocation clock` trains at. A method whose patches are cheap to compute trains more FLOPs per
+second, so the two optima can differ; the cells run hours apart and this CPU's speed drifts by about 7 %, the clock
+sweep's own noise. `final` trains every method (and its n-gram variant, `--ngrams`)
 at its allocation with --seeds (5 for learned, uniform, flat and bpe-lm, 3 for the others by default) to the budget
 times --scale; with --clock each trains instead for the median training seconds of the flat model with the same
 embeddings at that scale (the matched wall-clock view; that flat arm's FLOPs runs must be finished first; it trains
@@ -117,7 +117,9 @@ STAGE2_RATES = "target-rate=0.15,0.2,0.25,0.333,0.5"
 """Stage 2's rate axis. It began at 0.15-0.25; learned's first cells put its best at 0.25, the grid's edge, so the
 axis reached 1/3 (the rate that beat 0.2 at matched 6N in docs/results.md's rates table) for every method with a rate
 before any other method's stage 2 ran; learned's best then lay at 1/3, the edge again, so it reaches 1/2 for every
-method with a rate, decided with 2 of uniform's cells seen (both at rate 0.2 or below)."""
+method with a rate, decided with 2 of uniform's cells seen (both at rate 0.2 or below). It ends there, decided
+before those cells ran: past 1/2 a token holds one or two bytes and the U-Net tends to a byte model with extra
+layers, the flat model's ground; an optimum at 1/2 is reported as an edge, not chased."""
 CLOCK_REFERENCE = "flat-ngrams"
 """The arm whose FLOPs runs' median seconds the clock sweep's cells train for (with the n-gram tables, like the
 clock finals of the n-gram arms it chooses allocations for)."""
