@@ -120,6 +120,10 @@ before any other method's stage 2 ran; learned's best then lay at 1/3, the edge 
 method with a rate, decided with 2 of uniform's cells seen (both at rate 0.2 or below). It ends there, decided
 before those cells ran: past 1/2 a token holds one or two bytes and the U-Net tends to a byte model with extra
 layers, the flat model's ground; an optimum at 1/2 is reported as an edge, not chased."""
+STAGE2_WINDOWS = "byte-window=2,4,8,16"
+"""Stage 2's byte-window axis (the byte layers' attention span). It began at 4-16; learned's and uniform's best lay
+at 4, its edge (uniform's by 0.04 over 8 at every rate), so it reaches 2 (a byte and its predecessor) for every
+method with a window, decided with learned's and uniform's cells seen and none of whitespace's."""
 CLOCK_REFERENCE = "flat-ngrams"
 """The arm whose FLOPs runs' median seconds the clock sweep's cells train for (with the n-gram tables, like the
 clock finals of the n-gram arms it chooses allocations for)."""
@@ -163,7 +167,7 @@ def _axes(method: str, stage: int, clock: bool = False) -> list[str]:
         return [WIDTH, DEPTH.get(method, UNET_DEPTH)]
     if method == "bpe-lm":  # at d 64 its output layer is most of its FLOPs per token: a smaller one buys tokens
         return ["bpe-vocab-size=1024,2048,4096"]
-    axes = [] if method == "flat" else ["byte-window=4,8,16"]
+    axes = [] if method == "flat" else [STAGE2_WINDOWS]
     return axes + ([STAGE2_RATES] if method in HAS_RATE else [])
 
 
