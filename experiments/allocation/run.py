@@ -32,8 +32,8 @@ choice where it ran, in sweep1c-METHOD (stale, and refused, once stage 2 chooses
 again): each method's wall-clock-optimal allocation, which `best` prints beside the FLOPs one and `final --clock
 --series NAME --allocation clock` trains at. A method whose patches are cheap to compute trains more FLOPs per
 second, so the two optima can differ; the cells run hours apart and this CPU's speed drifts by about 7 %, the clock
-sweep's own noise. `final` trains every method (and its n-gram variant, `--ngrams`)
-at its allocation with --seeds (5 for learned, uniform, flat and bpe-lm, 3 for the others by default) to the budget
+sweep's own noise. `final` trains every method (and its n-gram variant, `--ngrams`) at its allocation with --seeds
+(5 for learned, uniform, flat and bpe-lm, 3 for the others by default) to the budget
 times --scale; with --clock each trains instead for the median training seconds of the flat model with the same
 embeddings at that scale (the matched wall-clock view; that flat arm's FLOPs runs must be finished first; it trains
 again for those seconds too, each seed beside the others', since this CPU's speed drifts by ±7 % over hours and a
@@ -122,7 +122,7 @@ before those cells ran: past 1/2 a token holds one or two bytes and the U-Net te
 layers, the flat model's ground; an optimum at 1/2 is reported as an edge, not chased."""
 STAGE2_WINDOWS = "byte-window=2,4,8,16"
 """Stage 2's byte-window axis (the byte layers' attention span). It began at 4-16; learned's and uniform's best lay
-at 4, its edge (uniform's by 0.04 over 8 at every rate), so it reaches 2 (a byte and its predecessor) for every
+at 4, its edge (uniform's by 0.03-0.04 over 8 at every rate), so it reaches 2 (a byte and its predecessor) for every
 method with a window, decided with learned's and uniform's cells seen and none of whitespace's."""
 CLOCK_REFERENCE = "flat-ngrams"
 """The arm whose FLOPs runs' median seconds the clock sweep's cells train for (with the n-gram tables, like the
