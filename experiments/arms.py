@@ -14,7 +14,6 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 from learntok import records
@@ -84,12 +83,13 @@ def flops_per_byte(name: str, rate: float) -> float:
 
 
 def saved_config(argv: list[str]) -> dict:
-    """The model and boundary sections of the config `learntok train ARGV` builds, as its config.json saves them
-    (JSON types: tuples as lists)."""
+    """The model and boundary sections of the config `learntok train ARGV` builds, serialised as the trainer writes
+    config.json (learntok.config.to_dict; JSON types: tuples as lists)."""
     from learntok.cli.train import parse_train_args
+    from learntok.config import to_dict
 
-    cfg = parse_train_args(argv)
-    return json.loads(json.dumps({k: asdict(getattr(cfg, k)) for k in ("model", "boundary")}))
+    saved = to_dict(parse_train_args(argv))
+    return json.loads(json.dumps({k: saved[k] for k in ("model", "boundary")}))
 
 
 def config_differences(run: Path | dict, argv: list[str]) -> list[str]:
