@@ -603,3 +603,50 @@ def test_allocation_clock_sweep_is_stale_once_stage_2_chooses_other_settings(tmp
     assert stale == run and " --byte-window 4 " in " ".join(now) + " "
     records.write(clock, [cell({"n-mid": n}, b, {"byte-window": "4"}) for n, b in (("2", 2.2), ("3", 2.1))])
     assert alloc.allocation(tmp_path, "learned", clock=True) == {"n-mid": "3", "byte-window": "4"}
+
+
+def test_allocation_retire_moves_a_stale_clock_sweep_aside_and_keeps_its_cells_logged(tmp_path, monkeypatch):
+    """`retire` moves a clock sweep that stage 2 made stale into OUT/retired/ and marks its collected cells retired
+    with what changed: they stay in the records and the sweep table, `restore` no longer rebuilds them, the clock
+    allocation is empty until the sweep runs again, and `collect` adds the new cells beside the retired ones; a
+    current clock sweep stays where it is."""
+    alloc = _allocation()
+    monkeypatch.setattr(alloc, "_axes", lambda method, stage, clock=False:
+                        ["n-mid=2,3"] if stage == 1 else ["byte-window=4,8"])
+
+    def cell(axes, bpb, second=None):
+        config = arms.saved_config(["--preset", "small",
+                                    *alloc._flags("learned", {**axes, **(second or {})}, True)[2:]])
+        return records.make("sweep", "cell", 0, command="x", axes=axes, val_bpb=bpb, config=config, bytes=1e6,
+                            flops_total=1e13, train_seconds=600.0)
+
+    def main(*argv):
+        monkeypatch.setattr(sys, "argv", ["run.py", *map(str, argv)])
+        alloc.main()
+
+    out, results, sweep_results = tmp_path / "out", tmp_path / "records.jsonl", tmp_path / "sweep.jsonl"
+    clock = out / "sweep1c-learned" / "sweep.jsonl"
+    records.write(clock, [cell({"n-mid": "2"}, 2.0), cell({"n-mid": "3"}, 2.1)])  # at the preset's window 8
+    records.write(out / "sweep2-learned" / "sweep.jsonl", [
+        records.make("sweep", "cell", 0, command="x", axes={"byte-window": w}, val_bpb=b, bytes=1e6,
+                     flops_total=1e13, train_seconds=600.0) for w, b in (("4", 2.0), ("8", 2.1))])
+    main("collect", "--out", out, "--results", sweep_results)
+    main("retire", "--out", out, "--results", results, "--sweep-results", sweep_results)
+    moved = out / "retired" / "sweep1c-learned-1"
+    assert not clock.parent.exists() and (moved / "sweep.jsonl").exists()
+    assert alloc.allocation(out, "learned", clock=True) == {}  # not refused: it has to run again
+    retired = [r for r in records.load(sweep_results) if r.get("retired")]
+    assert len(retired) == 2 and all(r["clock"] and r["retired"]["dir"] == str(moved.resolve())
+                                     and r["retired"]["changed"] == ["model.byte_window: 8 -> 4"] for r in retired)
+    table = alloc.sweep_table(sweep_results)
+    assert "| learned | 1 (clock, retired: model.byte_window: 8 -> 4) | n-mid 2 | **2.0000** |" in table
+    main("restore", "--out", tmp_path / "new", "--results", results, "--sweep-results", sweep_results)
+    assert not (tmp_path / "new" / "sweep1c-learned").exists() and (tmp_path / "new" / "sweep2-learned").exists()
+    records.write(clock, [cell({"n-mid": n}, b, {"byte-window": "4"}) for n, b in (("2", 2.2), ("3", 2.1))])
+    main("retire", "--out", out, "--results", results, "--sweep-results", sweep_results)  # current: it stays
+    assert clock.exists() and not (out / "retired" / "sweep1c-learned-2").exists()
+    main("collect", "--out", out, "--results", sweep_results)
+    assert sorted((r["axes"]["n-mid"], r["val_bpb"], bool(r.get("retired")))
+                  for r in records.load(sweep_results) if r.get("clock")) == [
+        ("2", 2.0, True), ("2", 2.2, False), ("3", 2.1, False), ("3", 2.1, True)]
+    assert alloc.allocation(out, "learned", clock=True) == {"n-mid": "3", "byte-window": "4"}

@@ -20,37 +20,37 @@ Budget: the total training FLOPs (learntok.model.flops, convention `total`: the 
 6e6 bytes of `uniform` at rate 0.2 in the `small` preset's shape, so the flat model's full attention and every
 method's attention over its tokens are paid for. `--scale 4` is 4x it.
 
-Stage 1 sweeps width and depth (d_model with its heads, and the token-level depth n_mid, or the flat and BPE models'
-own depth) for each method in SWEPT (bpe, entropy and hnet take uniform's allocation), one seed, each cell at the
-budget (`learntok sweep`, one run directory per cell, resumable). Stage 2 sweeps the byte window, and the target
-rate for methods that have one (the BPE transformer: its vocabulary), at stage 1's best width and depth. `best`
-reads both stages' validation BPB and prints the allocation each method trains with. `sweep --clock` runs stage 1
-again with the n-gram tables and every cell trained for the seconds the n-gram arms' clock finals train for (the
-median training seconds of the flat-ngrams FLOPs runs at scale 1; the tables cost time, not FLOPs), over a narrower
-grid (CLOCK_WIDTH x CLOCK_DEPTH: without the FLOPs sweep's d 192 and n_mid 5 cells; see CLOCK_WIDTH), at stage 2's
-choice where it ran, in sweep1c-METHOD (stale, and refused, once stage 2 chooses another window or rate: run it
-again): each method's wall-clock-optimal allocation, which `best` prints beside the FLOPs one and `final --clock
---series NAME --allocation clock` trains at. A method whose patches are cheap to compute trains more FLOPs per
-second, so the two optima can differ; the cells run hours apart and this CPU's speed drifts by about 7 %, the clock
-sweep's own noise. `final` trains every method (and its n-gram variant, `--ngrams`) at its allocation with --seeds
-(5 for learned, uniform, flat and bpe-lm, 3 for the others by default) to the budget
-times --scale; with --clock each trains instead for the median training seconds of the flat model with the same
-embeddings at that scale (the matched wall-clock view; that flat arm's FLOPs runs must be finished first; it trains
-again for those seconds too, each seed beside the others', since this CPU's speed drifts by ±7 % over hours and a
-clock set by runs hours earlier would favour whichever arm ran at the faster time); `--convention 6n` matches the
-budget in the paper's 6N instead (attention free: the accounting lever's control, its runs in directories of their
-own); --arms picks some arms only; `--clock --series NAME` trains a new set of clock runs paired only among
-themselves (e.g. learned-ngrams beside bpe-lm-ngrams, after the first set paired learned with flat). `evaluate`
-scores every finished final run on the test split after its first 256 KB (which earlier screens read many times),
-512 KB of it, per document, and on validation, into experiments/allocation/records.jsonl. `retire` moves aside the
-final runs a later sweep stage made stale (their flags are no longer their method's allocation) and marks their
-records retired: kept and listed, out of the tables and the README, so `final` trains those arms again. `restore`
-rebuilds OUT's bookkeeping from the committed records when its run directories are gone (a new machine): the sweeps'
-cells and the finished final runs, so the allocations stand and nothing finished trains again. `report` prints the
-tables (`levers_table`: what each lever changed, for docs/results.md): test BPB per method, the paired t-interval
-over seeds against `flat` and `bpe-lm` (and learned's against it), and a paired bootstrap over documents (each
-document's bits averaged over seeds) for the same pairs. Everything resumes: finished cells and runs are skipped, an
-interrupted one continues from its checkpoint. Settings are chosen on validation only.
+Stage 1 sweeps width and depth (d_model with its heads, and the token-level depth n_mid, or the flat and BPE models' own
+depth) for each method in SWEPT (bpe, entropy and hnet take uniform's allocation), one seed, each cell at the budget
+(`learntok sweep`, one run directory per cell, resumable). Stage 2 sweeps the byte window, and the target rate for
+methods that have one (the BPE transformer: its vocabulary), at stage 1's best width and depth. `best` reads both
+stages' validation BPB and prints the allocation each method trains with. `sweep --clock` runs stage 1 again with the
+n-gram tables and every cell trained for the seconds the n-gram arms' clock finals train for (the median training
+seconds of the flat-ngrams FLOPs runs at scale 1; the tables cost time, not FLOPs), over a narrower grid (CLOCK_WIDTH x
+CLOCK_DEPTH: without the FLOPs sweep's d 192 and n_mid 5 cells; see CLOCK_WIDTH), at stage 2's choice where it ran, in
+sweep1c-METHOD (stale, and refused, once stage 2 chooses another window or rate: `retire` it and run it again): each
+method's wall-clock-optimal allocation, which `best` prints beside the FLOPs one and `final --clock --series NAME
+--allocation clock` trains at. A method whose patches are cheap to compute trains more FLOPs per second, so the two
+optima can differ; the cells run hours apart and this CPU's speed drifts by about 7 %, the clock sweep's own noise.
+`final` trains every method (and its n-gram variant, `--ngrams`) at its allocation with --seeds (5 for learned, uniform,
+flat and bpe-lm, 3 for the others by default) to the budget times --scale; with --clock each trains instead for the
+median training seconds of the flat model with the same embeddings at that scale (the matched wall-clock view; that flat
+arm's FLOPs runs must be finished first; it trains again for those seconds too, each seed beside the others', since this
+CPU's speed drifts by ±7 % over hours and a clock set by runs hours earlier would favour whichever arm ran at the faster
+time); `--convention 6n` matches the budget in the paper's 6N instead (attention free: the accounting lever's control,
+its runs in directories of their own); --arms picks some arms only; `--clock --series NAME` trains a new set of clock
+runs paired only among themselves (e.g. learned-ngrams beside bpe-lm-ngrams, after the first set paired learned with
+flat). `evaluate` scores every finished final run on the test split after its first 256 KB (which earlier screens read
+many times), 512 KB of it, per document, and on validation, into experiments/allocation/records.jsonl. `retire` moves
+aside the final runs a later sweep stage made stale (their flags are no longer their method's allocation) and marks
+their records retired: kept and listed, out of the tables and the README, so `final` trains those arms again; and the
+stale clock sweeps, their cells' records marked retired too (listed in the sweep table). `restore` rebuilds OUT's
+bookkeeping from the committed records when its run directories are gone (a new machine): the sweeps' cells and the
+finished final runs, so the allocations stand and nothing finished trains again. `report` prints the tables
+(`levers_table`: what each lever changed, for docs/results.md): test BPB per method, the paired t-interval over seeds
+against `flat` and `bpe-lm` (and learned's against it), and a paired bootstrap over documents (each document's bits
+averaged over seeds) for the same pairs. Everything resumes: finished cells and runs are skipped, an interrupted one
+continues from its checkpoint. Settings are chosen on validation only.
 """
 
 from __future__ import annotations
@@ -291,7 +291,9 @@ def _sweep_key(r: dict) -> tuple[str, int, bool]:
 
 
 def _cell_key(r: dict) -> tuple:
-    return *_sweep_key(r), json.dumps(r["axes"], sort_keys=True), r["seed"]
+    """A collected cell's identity: its sweep, axes and seed, and where `retire` moved it (a retired cell is
+    another record than the cell run again in its place)."""
+    return *_sweep_key(r), json.dumps(r["axes"], sort_keys=True), r["seed"], r.get("retired", {}).get("dir", "")
 
 
 def _sweep_of(path: Path) -> tuple[str, int, bool]:
@@ -330,7 +332,7 @@ def cmd_restore(args) -> None:
     from learntok import records
 
     groups: dict[tuple[str, int, bool], list[dict]] = {}
-    for r in records.load(args.sweep_results):
+    for r in (r for r in records.load(args.sweep_results) if not r.get("retired")):
         groups.setdefault(_sweep_key(r), []).append(
             {k: v for k, v in r.items() if k not in ("method", "stage", "clock")})
     sweeps = 0
@@ -354,20 +356,23 @@ def cmd_restore(args) -> None:
 
 
 def sweep_table(path: Path = SWEEP_RECORDS) -> str:
-    """Validation BPB of every sweep cell: per method and stage (stage 1 at matched seconds: `1 (clock)`), one row
-    per cell, best first."""
+    """Validation BPB of every sweep cell: per method and stage (stage 1 at matched seconds: `1 (clock)`; a clock
+    sweep `retire` moved aside: `1 (clock, retired: what changed)`, after the current one), one row per cell, best
+    first."""
     from learntok import records
 
     rows = records.load(path)
     if not rows:
         return "(no sweep cells yet)\n"
     out = ["| method | stage | cell | val BPB | MB trained | total GFLOPs | train s |", "|---|---|---|---|---|---|---|"]
-    groups: dict[tuple[str, int, bool], list[dict]] = {}
+    groups: dict[tuple, list[dict]] = {}
     for r in rows:
-        groups.setdefault(_sweep_key(r), []).append(r)
-    for key in sorted(groups, key=lambda k: (list(METHODS).index(k[0]), k[1], k[2])):
+        retired = r.get("retired", {})
+        groups.setdefault((*_sweep_key(r), retired.get("dir", ""), "; ".join(retired.get("changed", []))),
+                          []).append(r)
+    for key in sorted(groups, key=lambda k: (list(METHODS).index(k[0]), *k[1:])):
         cells = sorted(groups[key], key=lambda r: r["val_bpb"])
-        stage = f"{key[1]} (clock)" if key[2] else str(key[1])
+        stage = (f"{key[1]} (clock{', retired: ' + key[4] if key[3] else ''})" if key[2] else str(key[1]))
         for i, r in enumerate(cells):
             name = ", ".join(f"{k} {v}" for k, v in r["axes"].items() if k != "n-heads")
             out.append(f"| {key[0] if i == 0 else ''} | {stage if i == 0 else ''} | {name} | "
@@ -550,7 +555,8 @@ def _view_order(key: tuple[float, str, float, str]) -> tuple:
 def cmd_retire(args) -> None:
     """Move aside every final run, finished or not, whose flags are no longer its method's allocation (a later
     sweep stage chose another), into OUT/retired/, and mark its record `retired` with the flags that replace them.
-    The record stays (every arm trained is logged) but leaves the tables, and `final` can train the arm again."""
+    The record stays (every arm trained is logged) but leaves the tables, and `final` can train the arm again.
+    Then the clock sweeps stage 2 made stale, likewise (`_retire_clock_sweeps`)."""
     from learntok import records
 
     rows = records.load(args.results)
@@ -574,6 +580,33 @@ def cmd_retire(args) -> None:
     records.write(args.results, rows)
     print(f"{len(moved)} runs retired; {sum(1 for r in rows if r.get('retired'))} records marked retired in "
           f"{args.results}")
+    _retire_clock_sweeps(args.out, args.sweep_results)
+
+
+def _retire_clock_sweeps(out: Path, results: Path) -> None:
+    """Move aside, into OUT/retired/, each clock sweep whose cells trained at other settings than stage 2 now
+    chooses (StaleSweep's), and mark its cells' records in `results` retired with what changed: they stay logged
+    and in the sweep table, but `restore` and `collect` no longer count them as the clock sweep, so `sweep
+    --clock` runs it again at today's settings."""
+    from learntok import records
+
+    rows = records.load(results)
+    for method in SWEPT:
+        path = _sweep_dir(out, method, 1, clock=True)
+        if not path.is_dir() or not (changed := _stale_clock_sweep(out, method, _best_cell(out, method, 2) or {})):
+            continue
+        dest = next(d for n in range(1, 100) if not (d := out / "retired" / f"{path.name}-{n}").exists())
+        dest.parent.mkdir(exist_ok=True)
+        path.rename(dest)
+        marked = 0
+        for r in rows:
+            if _sweep_key(r) == (method, 1, True) and not r.get("retired"):
+                r["retired"] = {"reason": "stage 2 chose other settings after it ran", "changed": changed,
+                                "dir": str(dest.resolve())}
+                marked += 1
+        print(f"retired the clock sweep of {method} ({'; '.join(changed)}) to {dest}; {marked} records marked "
+              f"retired in {results}", flush=True)
+    records.write(results, rows)
 
 
 def _options(flags: list[str]) -> dict[str, str]:
@@ -846,7 +879,7 @@ def _flat_so_far(learned_val: float) -> str:
     (`learned_val`), or against learned's own best once learned's sweep has cells too."""
     from learntok import records
 
-    rows = [r for r in records.load(SWEEP_RECORDS) if r["stage"] == 1]
+    rows = [r for r in records.load(SWEEP_RECORDS) if r["stage"] == 1 and not r.get("clock")]
     flat = [r["val_bpb"] for r in rows if r["method"] == "flat"]
     learned = [r["val_bpb"] for r in rows if r["method"] == "learned"]
     if not flat:
@@ -899,6 +932,8 @@ def main() -> None:
     t = sub.add_parser("retire", help="move aside final runs whose method's allocation changed; mark their records")
     t.add_argument("--out", type=Path, default=Path("runs/alloc"))
     t.add_argument("--results", type=Path, default=RECORDS)
+    t.add_argument("--sweep-results", type=Path, default=SWEEP_RECORDS, help="where stale clock sweeps' cells are "
+                   "marked retired")
     e = sub.add_parser("evaluate", help="test split after its first 256 KB, per document; and validation")
     e.add_argument("--out", type=Path, default=Path("runs/alloc"))
     e.add_argument("--results", type=Path, default=RECORDS)
