@@ -375,13 +375,24 @@ def test_allocation_study_summary_pairs_seeds_and_names_shapes(tmp_path):
     records.write(path, [*records.load(path), *[{**r, "budget": {**r["budget"], "allocation": "clock"}}
                                                 for r in records.load(path) if r["budget"].get("series") == "b"]])
     assert "clock b (each at its wall-clock width × depth) -0.100 [" in alloc.study_summary(path)
-    assert "Without n-grams" not in line
+    assert "without n-grams" not in line
     records.write(path, [*records.load(path), final("learned", 0, 2.4), final("flat", 0, 2.3),
                          final("learned", 1, 2.45), final("flat", 1, 2.3)])
-    assert "Without n-grams, learned − flat FLOPs +0.125 [" in alloc.study_summary(path)
+    assert "without n-grams, learned − flat FLOPs +0.125 [" in alloc.study_summary(path)
     bpe = ["--arch", "token", "--bpe-vocab-size", "4096", "--d-model", "64", "--n-mid", "4", "--bpe-vocab-size", "2048"]
     records.write(path, [*records.load(path), *[{**final("bpe-lm-ngrams", s, 2.2), "flags": bpe} for s in (0, 1)]])
     assert "BPE transformer (vocabulary 2,048) FLOPs" in alloc.study_summary(path)  # the allocation's flag, given last
+    window = ["--byte-window", "4"]  # stage 2 gives learned a byte window: `retire` marks its runs
+    records.write(path, [{**r, "retired": {"now": [*r["flags"], *window]}} if r["method"] == "learned" else r
+                         for r in records.load(path)])
+    line = alloc.study_summary(path)
+    now, before = line.split("At stage 1's allocation")
+    assert "not yet two seeds a pair" in now and "flat FLOPs -0.125 [" in before and "clock a +0.100 [" in before
+    records.write(path, [*records.load(path), *[{**final("learned-ngrams", s, b), "flags": window}
+                                                for s, b in ((0, 1.9), (1, 2.0))]])
+    now, before = alloc.study_summary(path).split("At stage 1's allocation")
+    assert "flat FLOPs -0.200 [-0.200, -0.200] (2)" in now and "clock" not in now.split("(clock):")[1]
+    assert "flat FLOPs -0.125" in before  # the retired runs against the same flat runs
 
 
 def test_allocation_levers_pair_each_lever_over_seeds(tmp_path):
@@ -650,3 +661,35 @@ def test_allocation_retire_moves_a_stale_clock_sweep_aside_and_keeps_its_cells_l
                   for r in records.load(sweep_results) if r.get("clock")) == [
         ("2", 2.0, True), ("2", 2.2, False), ("3", 2.1, False), ("3", 2.1, True)]
     assert alloc.allocation(out, "learned", clock=True) == {"n-mid": "3", "byte-window": "4"}
+
+
+def test_allocation_report_keeps_stage_1s_runs_beside_todays_once_stage_2_retired_them(tmp_path):
+    """Once stage 2 gives learned a byte window, `retire` marks its stage-1 runs: the report shows today's runs
+    in the tables, stage 1's (with the same flat runs) in a block of their own, and the levers table stage 1's
+    levers where they differ and stage 2's own (today − stage 1, paired over seeds), not flat's unchanged runs."""
+    alloc = _allocation()
+    doc = {"documents": 2, "bytes": [10, 10], "bits": [10.0, 12.0]}
+
+    def final(arm, seed, bpb, flags=(), **extra):
+        return records.make("allocation", arm, seed, command="x", method=arm.removesuffix("-ngrams"),
+                            flags=list(flags), test={"bpb": bpb, "bytes": 20, "per_document": doc},
+                            val={"bpb": bpb}, train_seconds=1.0, flops_total=1e13,
+                            budget={"scale": 1.0, "match": "flops-total", "flops_budget": 1e13}, **extra)
+
+    window = ["--byte-window", "4"]
+    path, preset = tmp_path / "records.jsonl", tmp_path / "preset.jsonl"
+    records.write(path, [final("flat-ngrams", 0, 2.0), final("flat-ngrams", 1, 2.1),
+                         *[final("learned-ngrams", s, b, retired={"now": window}) for s, b in ((0, 1.9), (1, 2.05))],
+                         *[final("learned-ngrams", s, b, window) for s, b in ((0, 1.8), (1, 1.9))]])
+    report = alloc.report(path)
+    today, stage_1 = report.split("At stage 1's allocation")
+    assert "| learned-ngrams | 2 | 1.8500" in today and "| -0.2000 [-0.2000, -0.2000] |" in today
+    assert "| learned-ngrams | 2 | 1.9750" in stage_1.split("Retired runs")[0] and "| flat-ngrams | 2 |" in stage_1
+    rows = {tuple(c.strip() for c in line.split("|")[1:4]): line.split("|")[5].strip()
+            for line in alloc.levers_table(path, preset).splitlines()[2:]}
+    assert rows["allocation: stage 2's byte window and rate", "learned-ngrams", "total FLOPs"].startswith("-0.1250 [")
+    assert rows["allocation: stage 2's byte window and rate", "learned-ngrams − flat-ngrams", "total FLOPs"] \
+        .startswith("-0.1250 [")
+    assert not any(k[0].startswith("allocation: stage 2") and k[1] == "flat-ngrams" for k in rows)
+    records.write(path, [r for r in records.load(path) if not r.get("retired")])  # no stage-2 retirement: no block
+    assert "At stage 1's allocation" not in alloc.report(path) and "stage 2" not in alloc.levers_table(path, preset)

@@ -653,11 +653,23 @@ def report(path: Path = RECORDS) -> str:
     and bpe-lm, and learned's against it, each with the same embeddings (an n-gram arm against flat-ngrams and
     bpe-lm-ngrams; learned-ngrams against it)."""
     from learntok import records
+
+    every = records.load(path)
+    rows = [r for r in every if not r.get("retired")]
+    before = _before_stage_2(every)
+    out = _tables(rows) if rows else ["(no current records yet)", ""]
+    if any(r.get("retired") for r in before):
+        out += ["At stage 1's allocation (width × depth only, at the preset's byte window 8 and rate 0.2): the runs "
+                "`retire` moved aside when stage 2 gave their methods a byte window and rate, beside the flat and "
+                "BPE transformer runs they were paired with (stage 2 gives those none).", "",
+                *_tables([{k: v for k, v in r.items() if k != "retired"} for r in before])]
+    return "\n".join(out) + retired_table(path)
+
+
+def _tables(rows: list[dict]) -> list[str]:
+    """`report`'s lines for these final runs' records: one table per budget."""
     from learntok.evaluation.stats import paired_bootstrap
 
-    rows = [r for r in records.load(path) if not r.get("retired")]
-    if not rows:
-        return "(no records yet)\n" + retired_table(path)
     out = []
     for key in sorted({_budget_key(r) for r in rows}, key=_view_order):
         sub = [r for r in rows if _budget_key(r) == key]
@@ -708,7 +720,7 @@ def report(path: Path = RECORDS) -> str:
                        f"{statistics.mean(r['train_seconds'] for r in rs):.0f} | {flat_t} | {flat_b} | {bpe_t} | "
                        f"{bpe_b} | {learned_t} | {learned_b} |")
         out.append("")
-    return "\n".join(out) + retired_table(path)
+    return out
 
 
 PRESET_RECORDS = HERE / "records-preset.jsonl"
@@ -751,13 +763,40 @@ def levers_table(path: Path = RECORDS, preset: Path = PRESET_RECORDS) -> str:
     learned's difference to each method with the same embeddings. Levers: the n-gram tables (an arm with them −
     the arm without, at its own allocation and in the preset's shape); the allocation (its own width × depth −
     the small preset's shape, the first screen's runs); the accounting (matched total FLOPs − matched 6N,
-    attention free); the clock (matched wall-clock − matched total FLOPs, per clock series)."""
+    attention free); the clock (matched wall-clock − matched total FLOPs, per clock series). The same again at
+    stage 1's allocation (the runs stage 2 retired, `_before_stage_2`) where it differs, and stage 2's own lever:
+    today's runs − those, at matched total FLOPs."""
     from learntok import records
 
     recs = records.load(path)
-    now = _views(recs)
-    total, screen = (v.get((1.0, "flops-total", ""), {}) for v in (now, _views(records.load(preset))))
+    screen = _views(records.load(preset)).get((1.0, "flops-total", ""), {})
     walloc = _walloc_series(recs)
+    current = [r for r in recs if not r.get("retired")]
+    earlier = [{k: v for k, v in r.items() if k != "retired"} for r in _before_stage_2(recs)]
+    rows = _lever_rows(current, screen, walloc)
+    if any(r.get("retired") for r in _before_stage_2(recs)):
+        rows += [(lever, subject, f"{where} (stage 1)", change)
+                 for lever, subject, where, change in _lever_rows(earlier, screen, walloc)
+                 if (lever, subject, where, change) not in rows]
+        after, before = (_views(x).get((1.0, "flops-total", ""), {}) for x in (current, earlier))
+        gaps = [f"learned{v} − {m}{v}" for v in ("-ngrams", "") for m in METHODS if m != "learned"]
+        for subject in sorted(set(after) & set(before)) + gaps:
+            pair = subject.split(" − ")
+            x, y = (_gap(v, *pair) if len(pair) == 2 else v.get(subject, {}) for v in (after, before))
+            if x != y and (change := _change(x, y)):  # runs stage 2 left alone change nothing
+                rows.append(("allocation: stage 2's byte window and rate", subject, "total FLOPs", change))
+    if not rows:
+        return "(no paired runs yet)\n"
+    out = ["| lever | test BPB of | where | seeds | change (95 % t over seeds) |", "|---|---|---|---|---|"]
+    out += [f"| {lever} | {subject} | {where} | {n} | {text} |" for lever, subject, where, (n, text) in rows]
+    return "\n".join(out) + "\n"
+
+
+def _lever_rows(recs: list[dict], screen: dict, walloc: set[str]) -> list[tuple[str, str, str, tuple[int, str]]]:
+    """`levers_table`'s rows (lever, subject, where, change) for these final runs' records, the preset screen's
+    x1 runs (`screen`) the allocation lever's before."""
+    now = _views(recs)
+    total = now.get((1.0, "flops-total", ""), {})
     rows: list[tuple[str, str, str, tuple[int, str]]] = []
 
     def add(lever: str, where: str, after: dict, before: dict, subjects: list[str]) -> None:
@@ -790,11 +829,7 @@ def levers_table(path: Path = RECORDS, preset: Path = PRESET_RECORDS) -> str:
             own = " (wall-clock allocations)" if series in walloc else ""  # two levers at once: clock and shape
             add("wall-clock instead of total FLOPs", f"clock series {series or 'a'}{own}", clock, total,
                 sorted(clock) + gaps)
-    if not rows:
-        return "(no paired runs yet)\n"
-    out = ["| lever | test BPB of | where | seeds | change (95 % t over seeds) |", "|---|---|---|---|---|"]
-    out += [f"| {lever} | {subject} | {where} | {n} | {text} |" for lever, subject, where, (n, text) in rows]
-    return "\n".join(out) + "\n"
+    return rows
 
 
 STUDY_PAIRS = (("learned-ngrams", "flat-ngrams"), ("learned-ngrams", "bpe-lm-ngrams"),
@@ -804,21 +839,16 @@ NAMES = {"flat": "flat", "bpe-lm": "BPE transformer", "uniform": "fixed patches"
 SHORT = {"flops-total": "FLOPs", "time": "clock", "flops-6n": "6N", "flops-6n-padded": "padded 6N"}
 
 
-def study_summary(path: Path = RECORDS) -> str | None:
-    """The README's line on the study (each method at its own allocation, seeds paired, test BPB after the
-    first 256 KB): learned − each method in STUDY_PAIRS with two or more paired seeds, under every view it has
-    (scale, match and clock series), one method's views together; None before any."""
-    from learntok import records
-
+def _study_views(rows: list[dict], walloc: set[str]) -> dict[bool, list[str]]:
+    """learned − each method in STUDY_PAIRS over `rows` with two or more paired seeds, under every view it has
+    (scale, match and clock series), one method's views together; keyed by whether the pair has n-grams."""
     by: dict[tuple, dict[str, dict[int, float]]] = {}
     vocab = ""
-    rows = records.load(path)
-    walloc = _walloc_series(rows)
-    for r in (r for r in rows if not r.get("retired")):
+    for r in rows:
         if "--bpe-vocab-size" in (f := _options(r["flags"])):
             vocab = f" (vocabulary {int(f['--bpe-vocab-size']):,})"  # the allocation's, given last
         by.setdefault(_budget_key(r), {}).setdefault(r["arm"], {})[r["seed"]] = r["test"]["bpb"]
-    parts = {True: [], False: []}  # with n-grams, without
+    parts: dict[bool, list[str]] = {True: [], False: []}
     for a, b in STUDY_PAIRS:
         found = []  # (scale, match, series, seeds, interval) of every view with two paired seeds
         for (scale, match, _, series), arms_ in sorted(by.items(), key=lambda kv: _view_order(kv[0])):
@@ -837,14 +867,44 @@ def study_summary(path: Path = RECORDS) -> str | None:
         if views:
             parts[a.endswith("-ngrams")].append(f"{NAMES[method]}{vocab if method == 'bpe-lm' else ''} "
                                                 + ", ".join(views))
-    if not parts[True] and not parts[False]:
+    return parts
+
+
+def _before_stage_2(rows: list[dict]) -> list[dict]:
+    """The final runs as they stood at stage 1's allocation (the preset's byte window and rate): those `retire`
+    moved aside when stage 2 gave their method a byte window, beside the current runs of the methods stage 2 gives
+    none (flat, the BPE transformer), which they were paired with."""
+    return [r for r in rows if (r.get("retired") and "--byte-window" in r["retired"]["now"]
+                                and "--byte-window" not in r["flags"])
+            or (not r.get("retired") and r["arm"].removesuffix("-ngrams") in ("flat", "bpe-lm"))]
+
+
+def study_summary(path: Path = RECORDS) -> str | None:
+    """The README's line on the study (each method at its own allocation, seeds paired, test BPB after the
+    first 256 KB): learned − each method in STUDY_PAIRS with two or more paired seeds (`_study_views`), and the
+    same at stage 1's allocation once stage 2 retired those runs; None before any."""
+    from learntok import records
+
+    rows = records.load(path)
+    walloc = _walloc_series(rows)
+    now = _study_views([r for r in rows if not r.get("retired")], walloc)
+    before = _study_views(_before_stage_2(rows), walloc)
+    if not any(now.values()) and not any(before.values()):
         return None
-    plain = f". Without n-grams, learned − {'; '.join(parts[False])}" if parts[False] else ""
-    return ("- Issue 30's study ([§8](docs/results.md#8-every-method-at-its-own-allocation)): every method at its "
-            "own best width × depth for the FLOPs budget (a validation sweep) with hashed n-gram embeddings; "
-            "learned − each on test text no earlier screen read, 95 % t over seeds (their number in brackets), at "
-            "matched total FLOPs (attention counted) and at the flat model's wall-clock (clock): "
-            + "; ".join(parts[True]) + plain + ".")
+
+    def said(parts: dict[bool, list[str]]) -> str:
+        plain = f"; without n-grams, learned − {'; '.join(parts[False])}" if parts[False] else ""
+        return "; ".join(parts[True]) + plain
+
+    line = ("- Issue 30's study ([§8](docs/results.md#8-every-method-at-its-own-allocation)): every method at its "
+            "own best allocation for the FLOPs budget (width × depth, then the U-Net's byte window and rate: "
+            "validation sweeps) with hashed n-gram embeddings; learned − each on test text no earlier screen read, "
+            "95 % t over seeds (their number in brackets), at matched total FLOPs (attention counted) and at the "
+            "flat model's wall-clock (clock): " + (said(now) if any(now.values()) else "not yet two seeds a pair"))
+    if any(before.values()):
+        line += (". At stage 1's allocation (width × depth only, the preset's byte window 8 and rate 0.2; those "
+                 "runs retired, in §8): " + said(before))
+    return line + "."
 
 
 def summary(path: Path = HERE / "records-preset.jsonl") -> str | None:
