@@ -187,7 +187,8 @@ def test_allocation_budget_flags_best_cell_and_report(tmp_path, monkeypatch, cap
         return records.make("sweep", "cell", seed, command="x", axes=axes, val_bpb=bpb)
 
     assert len(alloc._axes("learned", 1)) == 2 and alloc._axes("flat", 2) == []
-    monkeypatch.setattr(alloc, "_axes", lambda method, stage, clock=False: ["n-mid=2,3"] if stage == 1 else [])
+    monkeypatch.setattr(alloc, "_axes", lambda method, stage, clock=False, ngrams=False:
+                        ["n-mid=2,3"] if stage == 1 else [])
     d = tmp_path / "sweep1-uniform"
     d.mkdir()
     records.write(d / "sweep.jsonl", [cell({"n-mid": "2"}, 0, 2.0), cell({"n-mid": "2"}, 1, 2.4)])
@@ -285,7 +286,8 @@ def test_allocation_retire_moves_stale_runs_aside_and_keeps_their_records_out_of
     where it now is), the tables and the README line leave them out but list them, and it is idempotent."""
     alloc = _allocation()
     monkeypatch.setattr(alloc, "allocation",
-                        lambda out, m, clock=False, strict=True: {"bpe-vocab-size": "2048"} if m == "bpe-lm" else {})
+                        lambda out, m, clock=False, strict=True, ngrams=False:
+                        {"bpe-vocab-size": "2048"} if m == "bpe-lm" else {})
     results = tmp_path / "records.jsonl"
     rows = []
 
@@ -320,7 +322,8 @@ def test_allocation_retire_moves_stale_runs_aside_and_keeps_their_records_out_of
                                       "--methods", "bpe-lm", "--seeds", "2"])
     with pytest.raises(SystemExit, match="unfinished run of another allocation"):  # it would resume at 4,096
         alloc.main()
-    monkeypatch.setattr(sys, "argv", ["run.py", "retire", "--out", str(tmp_path), "--results", str(results)])
+    monkeypatch.setattr(sys, "argv", ["run.py", "retire", "--out", str(tmp_path), "--results", str(results),
+                                      "--sweep-results", str(tmp_path / "sweep.jsonl")])
     alloc.main()
     assert not old.exists() and (tmp_path / "retired" / old.name / "latest").exists() and ongoing.exists()
     stale = alloc._run_dir(tmp_path, "bpe-lm", 1.0, False, 0)
@@ -433,7 +436,8 @@ def test_allocation_restore_rebuilds_out_from_the_records_and_collect_never_drop
     `evaluate` does not try to load them, retired runs stay gone; `collect` from a partial OUT keeps the cells
     the records file has."""
     alloc = _allocation()
-    monkeypatch.setattr(alloc, "_axes", lambda method, stage, clock=False: ["n-mid=2,3"] if stage == 1 else [])
+    monkeypatch.setattr(alloc, "_axes", lambda method, stage, clock=False, ngrams=False:
+                        ["n-mid=2,3"] if stage == 1 else [])
 
     def cell(n_mid, bpb):
         return records.make("sweep", "cell", 0, command="x", axes={"n-mid": n_mid}, val_bpb=bpb, method="uniform",
@@ -509,6 +513,19 @@ def test_allocation_clock_sweep_trains_n_gram_cells_for_the_clock_finals_seconds
     assert "--axis n-mid=1,2 " in " ".join(flat)
     with pytest.raises(SystemExit, match="stage 1"):
         main("sweep", "--clock", "--stage", "2", "--data", tmp_path, "--out", tmp_path)
+    with pytest.raises(SystemExit, match="--ngrams: stage 2"):
+        main("sweep", "--ngrams", "--data", tmp_path, "--out", tmp_path)
+    records.write(tmp_path / "sweep1-learned" / "sweep.jsonl", [records.make(
+        "sweep", "cell", 0, command="x", axes={"d-model": "64", "n-heads": "2", "n-mid": "2"}, val_bpb=2.0)])
+    monkeypatch.setattr(alloc, "WIDTH", "d-model,n-heads=64:2")
+    monkeypatch.setattr(alloc, "UNET_DEPTH", "n-mid=2")
+    commands.clear()  # stage 2 with the tables: its own directory and axes, on stage 1's best, flat has none
+    main("sweep", "--stage", "2", "--ngrams", "--data", tmp_path, "--out", tmp_path, "--methods", "learned", "flat")
+    ((learned,),) = [commands]
+    assert learned[4] == str(tmp_path / "sweep2n-learned") and " ".join(alloc.NGRAMS) in " ".join(learned)
+    assert f"--axis {alloc.STAGE2N_WINDOWS} --axis {alloc.STAGE2_RATES} " in " ".join(learned)
+    assert "--d-model 64 --n-heads 2 --n-mid 2" in " ".join(learned) and "--target-rate" not in learned[-20:]
+    (tmp_path / "sweep1-learned" / "sweep.jsonl").unlink()
 
     def cell(d, n_mid, bpb):
         heads = "3" if d == "192" else "2"
@@ -587,7 +604,7 @@ def test_allocation_clock_sweep_is_stale_once_stage_2_chooses_other_settings(tmp
     once stage 2 chooses another window, and `retire` judges a run at the wall-clock allocation by today's stage 2;
     the clock sweep run again at stage 2's choice is current."""
     alloc = _allocation()
-    monkeypatch.setattr(alloc, "_axes", lambda method, stage, clock=False:
+    monkeypatch.setattr(alloc, "_axes", lambda method, stage, clock=False, ngrams=False:
                         ["n-mid=2,3"] if stage == 1 else ["byte-window=4,8"])
 
     def cell(axes, bpb, second=None):
@@ -602,9 +619,22 @@ def test_allocation_clock_sweep_is_stale_once_stage_2_chooses_other_settings(tmp
     run.mkdir()
     (run / "final.json").write_text(json.dumps({"flags": alloc._flags("learned", {"n-mid": "2"}, True)[2:]}))
     assert alloc._stale(tmp_path) == []
-    records.write(tmp_path / "sweep2-learned" / "sweep.jsonl", [
-        records.make("sweep", "cell", 0, command="x", axes={"byte-window": w}, val_bpb=b)
-        for w, b in (("4", 2.0), ("8", 2.1))])
+
+    def stage_2(name, best):
+        records.write(tmp_path / name / "sweep.jsonl", [
+            records.make("sweep", "cell", 0, command="x", axes={"byte-window": w}, val_bpb=2.0 if w == best else 2.1)
+            for w in ("4", "8")])
+
+    stage_2("sweep2-learned", "8")  # the plain stage 2: the plain arms' choice, not the clock sweep's (n-grams)
+    with pytest.raises(alloc.UnfinishedSweep, match="stage 2 with n-grams has not run"):
+        alloc.allocation(tmp_path, "learned", clock=True)
+    with pytest.raises(alloc.UnfinishedSweep, match="stage 2 with n-grams has not run"):
+        alloc.allocation(tmp_path, "learned", ngrams=True)
+    ((_, _, now),) = alloc._stale(tmp_path)  # judged, meanwhile, by the plain stage 2's choice
+    assert " --byte-window 8 " in " ".join(now) + " "
+    stage_2("sweep2n-learned", "4")
+    assert alloc.allocation(tmp_path, "learned") == {"byte-window": "8"}
+    assert alloc.allocation(tmp_path, "learned", ngrams=True) == {"byte-window": "4"}
     with pytest.raises(alloc.StaleSweep, match=r"model\.byte_window: 8 -> 4\); move sweep1c-learned aside"):
         alloc.allocation(tmp_path, "learned", clock=True)
     capsys.readouterr()
@@ -622,7 +652,7 @@ def test_allocation_retire_moves_a_stale_clock_sweep_aside_and_keeps_its_cells_l
     allocation is empty until the sweep runs again, and `collect` adds the new cells beside the retired ones; a
     current clock sweep stays where it is."""
     alloc = _allocation()
-    monkeypatch.setattr(alloc, "_axes", lambda method, stage, clock=False:
+    monkeypatch.setattr(alloc, "_axes", lambda method, stage, clock=False, ngrams=False:
                         ["n-mid=2,3"] if stage == 1 else ["byte-window=4,8"])
 
     def cell(axes, bpb, second=None):
@@ -638,7 +668,7 @@ def test_allocation_retire_moves_a_stale_clock_sweep_aside_and_keeps_its_cells_l
     out, results, sweep_results = tmp_path / "out", tmp_path / "records.jsonl", tmp_path / "sweep.jsonl"
     clock = out / "sweep1c-learned" / "sweep.jsonl"
     records.write(clock, [cell({"n-mid": "2"}, 2.0), cell({"n-mid": "3"}, 2.1)])  # at the preset's window 8
-    records.write(out / "sweep2-learned" / "sweep.jsonl", [
+    records.write(out / "sweep2n-learned" / "sweep.jsonl", [
         records.make("sweep", "cell", 0, command="x", axes={"byte-window": w}, val_bpb=b, bytes=1e6,
                      flops_total=1e13, train_seconds=600.0) for w, b in (("4", 2.0), ("8", 2.1))])
     main("collect", "--out", out, "--results", sweep_results)
@@ -652,7 +682,8 @@ def test_allocation_retire_moves_a_stale_clock_sweep_aside_and_keeps_its_cells_l
     table = alloc.sweep_table(sweep_results)
     assert "| learned | 1 (clock, retired: model.byte_window: 8 -> 4) | n-mid 2 | **2.0000** |" in table
     main("restore", "--out", tmp_path / "new", "--results", results, "--sweep-results", sweep_results)
-    assert not (tmp_path / "new" / "sweep1c-learned").exists() and (tmp_path / "new" / "sweep2-learned").exists()
+    assert not (tmp_path / "new" / "sweep1c-learned").exists() and (tmp_path / "new" / "sweep2n-learned").exists()
+    assert records.load(sweep_results)[-1]["ngrams"] and "| learned | 2 (n-grams) | byte-window 4 |" in table
     records.write(clock, [cell({"n-mid": n}, b, {"byte-window": "4"}) for n, b in (("2", 2.2), ("3", 2.1))])
     main("retire", "--out", out, "--results", results, "--sweep-results", sweep_results)  # current: it stays
     assert clock.exists() and not (out / "retired" / "sweep1c-learned-2").exists()

@@ -3,7 +3,7 @@ at 4x it, scored on test text no earlier screen read, at matched total FLOPs (at
 wall-clock.
 
     python experiments/allocation/run.py sweep --data DATA/enwiki --out runs/alloc              # stage 1, seed 0
-    python experiments/allocation/run.py sweep --data DATA/enwiki --out runs/alloc --stage 2    # at stage 1's best
+    python experiments/allocation/run.py sweep --data DATA/enwiki --out runs/alloc --stage 2 [--ngrams]  # on stage 1
     python experiments/allocation/run.py sweep --data DATA/enwiki --out runs/alloc --clock      # at matched seconds
     python experiments/allocation/run.py collect --out runs/alloc       # the cells' records into records-sweep.jsonl
     python experiments/allocation/run.py best --out runs/alloc                                  # chosen on validation
@@ -23,34 +23,36 @@ method's attention over its tokens are paid for. `--scale 4` is 4x it.
 Stage 1 sweeps width and depth (d_model with its heads, and the token-level depth n_mid, or the flat and BPE models' own
 depth) for each method in SWEPT (bpe, entropy and hnet take uniform's allocation), one seed, each cell at the budget
 (`learntok sweep`, one run directory per cell, resumable). Stage 2 sweeps the byte window, and the target rate for
-methods that have one (the BPE transformer: its vocabulary), at stage 1's best width and depth. `best` reads both
-stages' validation BPB and prints the allocation each method trains with. `sweep --clock` runs stage 1 again with the
-n-gram tables and every cell trained for the seconds the n-gram arms' clock finals train for (the median training
-seconds of the flat-ngrams FLOPs runs at scale 1; the tables cost time, not FLOPs), over a narrower grid (CLOCK_WIDTH x
-CLOCK_DEPTH: without the FLOPs sweep's d 192 and n_mid 5 cells; see CLOCK_WIDTH), at stage 2's choice where it ran, in
-sweep1c-METHOD (stale, and refused, once stage 2 chooses another window or rate: `retire` it and run it again): each
-method's wall-clock-optimal allocation, which `best` prints beside the FLOPs one and `final --clock --series NAME
---allocation clock` trains at. A method whose patches are cheap to compute trains more FLOPs per second, so the two
-optima can differ; the cells run hours apart and this CPU's speed drifts by about 7 %, the clock sweep's own noise.
-`final` trains every method (and its n-gram variant, `--ngrams`) at its allocation with --seeds (5 for learned, uniform,
-flat and bpe-lm, 3 for the others by default) to the budget times --scale; with --clock each trains instead for the
-median training seconds of the flat model with the same embeddings at that scale (the matched wall-clock view; that flat
-arm's FLOPs runs must be finished first; it trains again for those seconds too, each seed beside the others', since this
-CPU's speed drifts by ±7 % over hours and a clock set by runs hours earlier would favour whichever arm ran at the faster
-time); `--convention 6n` matches the budget in the paper's 6N instead (attention free: the accounting lever's control,
-its runs in directories of their own); --arms picks some arms only; `--clock --series NAME` trains a new set of clock
-runs paired only among themselves (e.g. learned-ngrams beside bpe-lm-ngrams, after the first set paired learned with
-flat). `evaluate` scores every finished final run on the test split after its first 256 KB (which earlier screens read
-many times), 512 KB of it, per document, and on validation, into experiments/allocation/records.jsonl. `retire` moves
-aside the final runs a later sweep stage made stale (their flags are no longer their method's allocation) and marks
-their records retired: kept and listed, out of the tables and the README, so `final` trains those arms again; and the
-stale clock sweeps, their cells' records marked retired too (listed in the sweep table). `restore` rebuilds OUT's
-bookkeeping from the committed records when its run directories are gone (a new machine): the sweeps' cells and the
-finished final runs, so the allocations stand and nothing finished trains again. `report` prints the tables
-(`levers_table`: what each lever changed, for docs/results.md): test BPB per method, the paired t-interval over seeds
-against `flat` and `bpe-lm` (and learned's against it), and a paired bootstrap over documents (each document's bits
-averaged over seeds) for the same pairs. Everything resumes: finished cells and runs are skipped, an interrupted one
-continues from its checkpoint. Settings are chosen on validation only.
+methods that have one (the BPE transformer: its vocabulary), at stage 1's best width and depth; `sweep --stage 2
+--ngrams` sweeps them again with the n-gram tables (STAGE2N_WINDOWS; in sweep2n-METHOD), whose choice the n-gram arms
+and the clock sweep take (the plain stage 2's did not carry over to them). `best` reads the stages' validation BPB and
+prints the allocation each method trains with. `sweep --clock` runs stage 1 again with the n-gram tables and every cell
+trained for the seconds the n-gram arms' clock finals train for (the median training seconds of the flat-ngrams FLOPs
+runs at scale 1; the tables cost time, not FLOPs), over a narrower grid (CLOCK_WIDTH x CLOCK_DEPTH: without the FLOPs
+sweep's d 192 and n_mid 5 cells; see CLOCK_WIDTH), at stage 2's choice where it ran, in sweep1c-METHOD (stale, and
+refused, once stage 2 chooses another window or rate: `retire` it and run it again): each method's wall-clock-optimal
+allocation, which `best` prints beside the FLOPs one and `final --clock --series NAME --allocation clock` trains at. A
+method whose patches are cheap to compute trains more FLOPs per second, so the two optima can differ; the cells run
+hours apart and this CPU's speed drifts by about 7 %, the clock sweep's own noise. `final` trains every method (and its
+n-gram variant, `--ngrams`) at its allocation with --seeds (5 for learned, uniform, flat and bpe-lm, 3 for the others by
+default) to the budget times --scale; with --clock each trains instead for the median training seconds of the flat model
+with the same embeddings at that scale (the matched wall-clock view; that flat arm's FLOPs runs must be finished first;
+it trains again for those seconds too, each seed beside the others', since this CPU's speed drifts by ±7 % over hours
+and a clock set by runs hours earlier would favour whichever arm ran at the faster time); `--convention 6n` matches the
+budget in the paper's 6N instead (attention free: the accounting lever's control, its runs in directories of their own);
+--arms picks some arms only; `--clock --series NAME` trains a new set of clock runs paired only among themselves (e.g.
+learned-ngrams beside bpe-lm-ngrams, after the first set paired learned with flat). `evaluate` scores every finished
+final run on the test split after its first 256 KB (which earlier screens read many times), 512 KB of it, per document,
+and on validation, into experiments/allocation/records.jsonl. `retire` moves aside the final runs a later sweep stage
+made stale (their flags are no longer their method's allocation) and marks their records retired: kept and listed, out
+of the tables and the README, so `final` trains those arms again; and the stale clock sweeps, their cells' records
+marked retired too (listed in the sweep table). `restore` rebuilds OUT's bookkeeping from the committed records when its
+run directories are gone (a new machine): the sweeps' cells and the finished final runs, so the allocations stand and
+nothing finished trains again. `report` prints the tables (`levers_table`: what each lever changed, for
+docs/results.md): test BPB per method, the paired t-interval over seeds against `flat` and `bpe-lm` (and learned's
+against it), and a paired bootstrap over documents (each document's bits averaged over seeds) for the same pairs.
+Everything resumes: finished cells and runs are skipped, an interrupted one continues from its checkpoint. Settings are
+chosen on validation only.
 """
 
 from __future__ import annotations
@@ -124,6 +126,12 @@ STAGE2_WINDOWS = "byte-window=2,4,8,16"
 """Stage 2's byte-window axis (the byte layers' attention span). It began at 4-16; learned's and uniform's best lay
 at 4, its edge (uniform's by 0.03-0.04 over 8 at every rate), so it reaches 2 (a byte and its predecessor) for every
 method with a window, decided with learned's and uniform's cells seen and none of whitespace's."""
+STAGE2N_WINDOWS = "byte-window=4,8"
+"""The byte-window axis of stage 2 with the n-gram tables (`sweep --stage 2 --ngrams`, over STAGE2_RATES too): the
+plain stage 2's choice without them did not carry over to the n-gram arms (their first seed at window 4 x 1/2 was
+0.04-0.05 worse on validation than at window 8 x 0.2 for learned and uniform), so the n-gram arms and the clock sweep
+(which has the tables) take a stage 2 of their own. Its windows are the plain sweep's best (4) and the preset's (8):
+2 was the plain sweep's worst window at most rates and 16 never its best."""
 CLOCK_REFERENCE = "flat-ngrams"
 """The arm whose FLOPs runs' median seconds the clock sweep's cells train for (with the n-gram tables, like the
 clock finals of the n-gram arms it chooses allocations for)."""
@@ -153,14 +161,20 @@ def _flags(method: str, allocation: dict[str, str] | None = None, ngrams: bool =
     return ["--preset", "small", *METHODS[method], *rate, *more, *(NGRAMS if ngrams else [])]
 
 
-def _sweep_dir(out: Path, method: str, stage: int, clock: bool = False) -> Path:
-    """sweepSTAGE-METHOD, or sweepSTAGEc-METHOD for the sweep at matched seconds."""
-    return out / f"sweep{stage}{'c' if clock else ''}-{method}"
+def _sweep_dir(out: Path, method: str, stage: int, clock: bool = False, ngrams: bool = False) -> Path:
+    """sweepSTAGE-METHOD; sweepSTAGEc-METHOD for the sweep at matched seconds, sweepSTAGEn-METHOD for stage 2 with
+    the n-gram tables."""
+    return out / f"sweep{stage}{'c' if clock else ''}{'n' if ngrams else ''}-{method}"
 
 
-def _axes(method: str, stage: int, clock: bool = False) -> list[str]:
+def _axes(method: str, stage: int, clock: bool = False, ngrams: bool = False) -> list[str]:
     """The --axis specs of a method's sweep stage (stage 2: none for flat; the vocabulary for bpe-lm; the clock
-    sweep's stage 1: a narrower grid)."""
+    sweep's stage 1: a narrower grid; stage 2 with n-grams: STAGE2N_WINDOWS and the rate, none for flat and the BPE
+    transformer, whose n-gram arms take the plain stage 2's choice)."""
+    if stage == 2 and ngrams:
+        if method in ("flat", "bpe-lm"):
+            return []
+        return [STAGE2N_WINDOWS] + ([STAGE2_RATES] if method in HAS_RATE else [])
     if stage == 1:
         if clock:
             return [CLOCK_WIDTH, CLOCK_DEPTH.get(method, CLOCK_UNET_DEPTH)]
@@ -194,19 +208,20 @@ def _stale_clock_sweep(out: Path, method: str, second: dict[str, str]) -> list[s
     return sorted(found)
 
 
-def _best_cell(out: Path, method: str, stage: int, clock: bool = False) -> dict[str, str] | None:
+def _best_cell(out: Path, method: str, stage: int, clock: bool = False, ngrams: bool = False) -> dict[str, str] | None:
     """The axes of the stage's lowest validation BPB (mean over its seeds), or None when the stage has no cell
     yet; a stage with some but not all of its cells is an error (its best so far could change)."""
     from learntok import records
     from learntok.cli.sweep import cells, parse_axes
 
-    rows = records.load(_sweep_dir(out, method, stage, clock) / "sweep.jsonl")
+    rows = records.load(_sweep_dir(out, method, stage, clock, ngrams) / "sweep.jsonl")
     if not rows:
         return None
-    grid = {json.dumps(c, sort_keys=True) for c in cells(parse_axes(tuple(_axes(method, stage, clock))))}
+    grid = {json.dumps(c, sort_keys=True) for c in cells(parse_axes(tuple(_axes(method, stage, clock, ngrams))))}
     missing = grid - {json.dumps(r["axes"], sort_keys=True) for r in rows}
     if missing:
-        raise UnfinishedSweep(f"{method}: {'the clock sweep' if clock else 'stage'} {stage} has "
+        raise UnfinishedSweep(f"{method}: {'the clock sweep' if clock else 'stage'} {stage}"
+                              f"{' with n-grams' if ngrams else ''} has "
                               f"{len(grid) - len(missing)} of {len(grid)} cells; finish it (run the sweep again) "
                               "before its best allocation is used")
     groups: dict[str, list[dict]] = {}
@@ -216,28 +231,45 @@ def _best_cell(out: Path, method: str, stage: int, clock: bool = False) -> dict[
     return json.loads(best)
 
 
-def edges(out: Path, method: str, stage: int, clock: bool = False) -> list[str]:
+def edges(out: Path, method: str, stage: int, clock: bool = False, ngrams: bool = False) -> list[str]:
     """The axes (by their first flag) whose best point is the first or last of the grid: the optimum may lie
     beyond it, so the axis should be extended before its best is trusted."""
     from learntok.cli.sweep import parse_axes
 
-    best = _best_cell(out, method, stage, clock)
+    best = _best_cell(out, method, stage, clock, ngrams)
     if not best:
         return []
-    return [f"{flags[0]}={best[flags[0]]}" for flags, points in parse_axes(tuple(_axes(method, stage, clock)))
+    return [f"{flags[0]}={best[flags[0]]}" for flags, points in parse_axes(tuple(_axes(method, stage, clock, ngrams)))
             if len(points) > 1 and tuple(best[f] for f in flags) in (points[0], points[-1])]
 
 
-def allocation(out: Path, method: str, clock: bool = False, strict: bool = True) -> dict[str, str]:
-    """Stage 1's best width and depth and stage 2's best byte window (and rate); the preset's where a stage has
-    not run. A method outside SWEPT takes uniform's. With `clock`, the clock sweep's stage 1 replaces stage 1 (and
-    the allocation is {} until it has run); a clock sweep run at another stage-2 choice is StaleSweep unless not
-    `strict` (then its best stands beside today's stage 2: what `retire` judges runs by)."""
+def _stage_2(out: Path, method: str, ngrams: bool, strict: bool = True) -> dict[str, str]:
+    """Stage 2's choice for an arm ({} before stage 2 runs). With n-grams (the n-gram arms, and the clock sweep,
+    which has the tables): the n-gram stage 2's, for a method it has axes for; before that runs, UnfinishedSweep
+    once the plain stage 2 has run (its choice did not carry over to the n-gram arms), or with `strict` False the
+    plain stage 2's."""
+    plain = _best_cell(out, method, 2)
+    if not (ngrams and _axes(method, 2, ngrams=True)):
+        return plain or {}
+    with_ngrams = _best_cell(out, method, 2, ngrams=True)
+    if with_ngrams is None and plain is not None and strict:
+        raise UnfinishedSweep(f"{method}: stage 2 with n-grams has not run (`sweep --stage 2 --ngrams --methods "
+                              f"{method}`): the n-gram arms and the clock sweep take its choice")
+    return with_ngrams or plain or {}
+
+
+def allocation(out: Path, method: str, clock: bool = False, strict: bool = True, ngrams: bool = False
+               ) -> dict[str, str]:
+    """Stage 1's best width and depth and stage 2's best byte window (and rate), with `ngrams` (an n-gram arm)
+    stage 2 with the n-gram tables' (`_stage_2`); the preset's where a stage has not run. A method outside SWEPT
+    takes uniform's. With `clock`, the clock sweep's stage 1 replaces stage 1 (and the allocation is {} until it has
+    run), with the n-gram stage 2 (the clock sweep has the tables); a clock sweep run at another stage-2 choice is
+    StaleSweep unless not `strict` (then its best stands beside today's stage 2: what `retire` judges runs by)."""
     source = method if method in SWEPT else "uniform"
     first = _best_cell(out, source, 1, clock)
     if clock and first is None:
         return {}
-    second = _best_cell(out, source, 2) or {}
+    second = _stage_2(out, source, ngrams or clock, strict)
     if clock and strict and (changed := _stale_clock_sweep(out, source, second)):
         raise StaleSweep(f"{source}: the clock sweep trained with other settings than stage 2 now chooses "
                          f"({'; '.join(changed)}); move {_sweep_dir(out, source, 1, clock=True).name} aside and "
@@ -255,6 +287,8 @@ def clock_seconds(out: Path, reference: str, scale: float) -> float | None:
 
 
 def cmd_sweep(args) -> None:
+    if args.ngrams and args.stage != 2:
+        sys.exit("--ngrams: stage 2 has an n-gram sweep of its own (the clock sweep has the tables already)")
     if args.clock:
         if args.stage != 1:
             sys.exit("--clock: the clock sweep is stage 1 (width and depth) at matched seconds")
@@ -265,17 +299,18 @@ def cmd_sweep(args) -> None:
     else:
         budget_flags = ["--flops-budget", f"{budget(1.0, args.budget_bytes):.6g}", "--flops-convention", "total"]
     for method in args.methods:
-        axes = _axes(method, args.stage, args.clock)
+        axes = _axes(method, args.stage, args.clock, args.ngrams)
         if not axes:
             continue
-        if args.stage == 1:  # the clock sweep keeps stage 2's choice (the BPE transformer's vocabulary)
-            base = _flags(method, _best_cell(args.out, method, 2) if args.clock else None, ngrams=args.clock)
+        if args.stage == 1:  # the clock sweep keeps stage 2's choice with n-grams (the tables are in its cells)
+            base = _flags(method, _stage_2(args.out, method, True) if args.clock else None, ngrams=args.clock)
         else:
             first = _best_cell(args.out, method, 1)
             if first is None:
                 sys.exit(f"{method}: stage 1 has no finished cell; run stage 1 first")
-            base = _flags(method, first, rate=method not in HAS_RATE)
-        cmd = [sys.executable, "-m", "learntok", "sweep", str(_sweep_dir(args.out, method, args.stage, args.clock)),
+            base = _flags(method, first, ngrams=args.ngrams, rate=method not in HAS_RATE)
+        where = _sweep_dir(args.out, method, args.stage, args.clock, args.ngrams)
+        cmd = [sys.executable, "-m", "learntok", "sweep", str(where),
                *budget_flags, *[x for a in axes for x in ("--axis", a)], "--seeds", *map(str, args.seeds), "--",
                "--data", str(args.data), *base]
         print(f"{method}, stage {args.stage}: " + " ".join(cmd[2:]), flush=True)
@@ -285,9 +320,9 @@ def cmd_sweep(args) -> None:
 SWEEP_RECORDS = HERE / "records-sweep.jsonl"
 
 
-def _sweep_key(r: dict) -> tuple[str, int, bool]:
-    """(method, stage, clock) of a collected sweep cell's record: the sweep it belongs to."""
-    return r["method"], r["stage"], r.get("clock", False)
+def _sweep_key(r: dict) -> tuple[str, int, bool, bool]:
+    """(method, stage, clock, n-grams) of a collected sweep cell's record: the sweep it belongs to."""
+    return r["method"], r["stage"], r.get("clock", False), r.get("ngrams", False)
 
 
 def _cell_key(r: dict) -> tuple:
@@ -296,10 +331,10 @@ def _cell_key(r: dict) -> tuple:
     return *_sweep_key(r), json.dumps(r["axes"], sort_keys=True), r["seed"], r.get("retired", {}).get("dir", "")
 
 
-def _sweep_of(path: Path) -> tuple[str, int, bool]:
-    """(method, stage, clock) of a sweep directory (`_sweep_dir`'s name)."""
+def _sweep_of(path: Path) -> tuple[str, int, bool, bool]:
+    """(method, stage, clock, n-grams) of a sweep directory (`_sweep_dir`'s name)."""
     head, method = path.name.removeprefix("sweep").split("-", 1)
-    return method, int(head.removesuffix("c")), head.endswith("c")
+    return method, int(head.rstrip("cn")), "c" in head, "n" in head
 
 
 def cmd_collect(args) -> None:
@@ -311,9 +346,9 @@ def cmd_collect(args) -> None:
 
     rows = []
     for path in sorted(args.out.glob("sweep[12]*-*/sweep.jsonl")):
-        method, stage, clock = _sweep_of(path.parent)
-        rows += [{**r, "method": method, "stage": stage, **({"clock": True} if clock else {})}
-                 for r in records.load(path)]
+        method, stage, clock, ngrams = _sweep_of(path.parent)
+        rows += [{**r, "method": method, "stage": stage, **({"clock": True} if clock else {}),
+                  **({"ngrams": True} if ngrams else {})} for r in records.load(path)]
     found = {_cell_key(r) for r in rows}
     kept = [r for r in records.load(args.results) if _cell_key(r) not in found]
     records.write(args.results, kept + rows)
@@ -334,10 +369,10 @@ def cmd_restore(args) -> None:
     groups: dict[tuple[str, int, bool], list[dict]] = {}
     for r in (r for r in records.load(args.sweep_results) if not r.get("retired")):
         groups.setdefault(_sweep_key(r), []).append(
-            {k: v for k, v in r.items() if k not in ("method", "stage", "clock")})
+            {k: v for k, v in r.items() if k not in ("method", "stage", "clock", "ngrams")})
     sweeps = 0
-    for (method, stage, clock), rows in groups.items():
-        path = _sweep_dir(args.out, method, stage, clock) / "sweep.jsonl"
+    for key, rows in groups.items():
+        path = _sweep_dir(args.out, *key) / "sweep.jsonl"
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
             records.write(path, rows)
@@ -372,7 +407,8 @@ def sweep_table(path: Path = SWEEP_RECORDS) -> str:
                           []).append(r)
     for key in sorted(groups, key=lambda k: (list(METHODS).index(k[0]), *k[1:])):
         cells = sorted(groups[key], key=lambda r: r["val_bpb"])
-        stage = (f"{key[1]} (clock{', retired: ' + key[4] if key[3] else ''})" if key[2] else str(key[1]))
+        stage = (f"{key[1]} (clock{', retired: ' + key[5] if key[4] else ''})" if key[2]
+                 else f"{key[1]} (n-grams)" if key[3] else str(key[1]))
         for i, r in enumerate(cells):
             name = ", ".join(f"{k} {v}" for k, v in r["axes"].items() if k != "n-heads")
             out.append(f"| {key[0] if i == 0 else ''} | {stage if i == 0 else ''} | {name} | "
@@ -391,6 +427,13 @@ def cmd_best(args) -> None:
             print(unfinished)
         if method not in SWEPT:
             continue
+        if _axes(method, 2, ngrams=True):
+            try:
+                edge = edges(args.out, method, 2, ngrams=True)
+                print(f"{method} with n-grams: {allocation(args.out, method, ngrams=True)}"
+                      + (f"; at the grid's edge: {', '.join(edge)}" if edge else ""))
+            except UnfinishedSweep as unfinished:
+                print(unfinished)
         try:
             clock = allocation(args.out, method, clock=True)
         except UnfinishedSweep as unfinished:
@@ -445,7 +488,8 @@ def _stale(out: Path) -> list[tuple[Path, dict | None, list[str]]]:
     for run in sorted(p for p in out.glob("final-*") if p.is_dir()):
         done = json.loads((run / "final.json").read_text()) if (run / "final.json").exists() else None
         method, ngrams = method_of[run.name.removeprefix("final-").rsplit("-x", 1)[0]]
-        now = _flags(method, allocation(out, method, clock=WALLOC + "-" in run.name, strict=False), ngrams)[2:]
+        chosen = allocation(out, method, clock=WALLOC + "-" in run.name, strict=False, ngrams=ngrams)
+        now = _flags(method, chosen, ngrams)[2:]
         if _other_allocation(run, done, now):
             found.append((run, done, now))
     return found
@@ -475,7 +519,7 @@ def cmd_final(args) -> None:
                 continue
             where = (args.out, arm, args.scale, args.clock, seed, args.series, args.convention, args.allocation)
             run, done = _run_dir(*where), _trained(*where)
-            chosen = allocation(args.out, method, clock=at_clock)
+            chosen = allocation(args.out, method, clock=at_clock, ngrams=ngrams)
             if at_clock and not chosen:
                 sys.exit(f"--allocation clock: {method} has no clock sweep yet (`sweep --clock --methods {method}`)")
             flags = _flags(method, chosen, ngrams)[2:]  # train_arm adds --preset small
@@ -590,23 +634,24 @@ def _retire_clock_sweeps(out: Path, results: Path) -> None:
     --clock` runs it again at today's settings."""
     from learntok import records
 
-    rows = records.load(results)
+    rows, moved = records.load(results), False
     for method in SWEPT:
         path = _sweep_dir(out, method, 1, clock=True)
-        if not path.is_dir() or not (changed := _stale_clock_sweep(out, method, _best_cell(out, method, 2) or {})):
+        if not path.is_dir() or not (changed := _stale_clock_sweep(out, method, _stage_2(out, method, True, False))):
             continue
         dest = next(d for n in range(1, 100) if not (d := out / "retired" / f"{path.name}-{n}").exists())
         dest.parent.mkdir(exist_ok=True)
         path.rename(dest)
-        marked = 0
+        moved, marked = True, 0
         for r in rows:
-            if _sweep_key(r) == (method, 1, True) and not r.get("retired"):
+            if _sweep_key(r) == (method, 1, True, False) and not r.get("retired"):
                 r["retired"] = {"reason": "stage 2 chose other settings after it ran", "changed": changed,
                                 "dir": str(dest.resolve())}
                 marked += 1
         print(f"retired the clock sweep of {method} ({'; '.join(changed)}) to {dest}; {marked} records marked "
               f"retired in {results}", flush=True)
-    records.write(results, rows)
+    if moved:
+        records.write(results, rows)
 
 
 def _options(flags: list[str]) -> dict[str, str]:
@@ -960,6 +1005,8 @@ def main() -> None:
     s.add_argument("--stage", type=int, choices=(1, 2), default=1)
     s.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(SWEPT))
     s.add_argument("--seeds", type=int, nargs="+", default=[0])
+    s.add_argument("--ngrams", action="store_true", help="with --stage 2: the sweep of the n-gram arms (and the "
+                   "clock sweep), with the tables, in sweep2n-METHOD")
     s.add_argument("--budget-bytes", type=float, default=BUDGET_BYTES, help="the reference bytes (a smoke test: 2e4)")
     s.add_argument("--clock", action="store_true", help="stage 1 with the n-gram tables at matched seconds (the "
                    "n-gram arms' clock finals' seconds)")
