@@ -366,7 +366,7 @@ def cmd_restore(args) -> None:
     `--clock` reads its reference's seconds and `retire` can judge it. Nothing that exists is touched."""
     from learntok import records
 
-    groups: dict[tuple[str, int, bool], list[dict]] = {}
+    groups: dict[tuple[str, int, bool, bool], list[dict]] = {}
     for r in (r for r in records.load(args.sweep_results) if not r.get("retired")):
         groups.setdefault(_sweep_key(r), []).append(
             {k: v for k, v in r.items() if k not in ("method", "stage", "clock", "ngrams")})
@@ -392,8 +392,8 @@ def cmd_restore(args) -> None:
 
 def sweep_table(path: Path = SWEEP_RECORDS) -> str:
     """Validation BPB of every sweep cell: per method and stage (stage 1 at matched seconds: `1 (clock)`; a clock
-    sweep `retire` moved aside: `1 (clock, retired: what changed)`, after the current one), one row per cell, best
-    first."""
+    sweep `retire` moved aside: `1 (clock, retired: what changed)`, after the current one; stage 2 with the n-gram
+    tables: `2 (n-grams)`), one row per cell, best first."""
     from learntok import records
 
     rows = records.load(path)
