@@ -787,6 +787,16 @@ def _gap(arms_: dict[str, dict[int, float]], a: str, b: str) -> dict[int, float]
     return {s: x[s] - y[s] for s in x if s in y}
 
 
+GAPS = [f"learned{v} − {m}{v}" for v in ("-ngrams", "") for m in METHODS if m != "learned"]
+"""The levers table's gaps: learned − each other method, with n-grams and without."""
+
+
+def _of(view: dict[str, dict[int, float]], subject: str) -> dict[int, float]:
+    """A levers-table subject's test BPB per seed: an arm's, or for "a − b" the gap a − b."""
+    pair = subject.split(" − ")
+    return _gap(view, *pair) if len(pair) == 2 else view.get(subject, {})
+
+
 def _change(after: dict[int, float], before: dict[int, float]) -> tuple[int, str] | None:
     """after − before paired over seeds: (seeds, the 95 % t-interval, or the one seed's difference); None when no
     seed has both."""
@@ -817,17 +827,16 @@ def levers_table(path: Path = RECORDS, preset: Path = PRESET_RECORDS) -> str:
     screen = _views(records.load(preset)).get((1.0, "flops-total", ""), {})
     walloc = _walloc_series(recs)
     current = [r for r in recs if not r.get("retired")]
-    earlier = [{k: v for k, v in r.items() if k != "retired"} for r in _before_stage_2(recs)]
+    before_stage_2 = _before_stage_2(recs)
+    earlier = [{k: v for k, v in r.items() if k != "retired"} for r in before_stage_2]
     rows = _lever_rows(current, screen, walloc)
-    if any(r.get("retired") for r in _before_stage_2(recs)):
+    if any(r.get("retired") for r in before_stage_2):
         rows += [(lever, subject, f"{where} (stage 1)", change)
                  for lever, subject, where, change in _lever_rows(earlier, screen, walloc)
                  if (lever, subject, where, change) not in rows]
         after, before = (_views(x).get((1.0, "flops-total", ""), {}) for x in (current, earlier))
-        gaps = [f"learned{v} − {m}{v}" for v in ("-ngrams", "") for m in METHODS if m != "learned"]
-        for subject in sorted(set(after) & set(before)) + gaps:
-            pair = subject.split(" − ")
-            x, y = (_gap(v, *pair) if len(pair) == 2 else v.get(subject, {}) for v in (after, before))
+        for subject in sorted(set(after) & set(before)) + GAPS:
+            x, y = _of(after, subject), _of(before, subject)
             if x != y and (change := _change(x, y)):  # runs stage 2 left alone change nothing
                 rows.append(("allocation: stage 2's byte window and rate", subject, "total FLOPs", change))
     if not rows:
@@ -846,15 +855,9 @@ def _lever_rows(recs: list[dict], screen: dict, walloc: set[str]) -> list[tuple[
 
     def add(lever: str, where: str, after: dict, before: dict, subjects: list[str]) -> None:
         for subject in subjects:
-            if " − " in subject:
-                a, b = subject.split(" − ")
-                change = _change(_gap(after, a, b), _gap(before, a, b))
-            else:
-                change = _change(after.get(subject, {}), before.get(subject, {}))
-            if change:
+            if change := _change(_of(after, subject), _of(before, subject)):
                 rows.append((lever, subject, where, change))
 
-    gaps = [f"learned{v} − {m}{v}" for v in ("-ngrams", "") for m in METHODS if m != "learned"]
     for where, view in (("its own allocation", total), ("the preset's shape", screen)):
         for m in METHODS:  # the n-gram arm against the plain one
             if change := _change(view.get(f"{m}-ngrams", {}), view.get(m, {})):
@@ -864,16 +867,16 @@ def _lever_rows(recs: list[dict], screen: dict, walloc: set[str]) -> list[tuple[
             if change:
                 rows.append(("n-gram embeddings", f"learned − {b}", where, change))
     add("allocation: own instead of the preset's", "total FLOPs", total, screen,
-        sorted(set(total) & set(screen)) + gaps)
+        sorted(set(total) & set(screen)) + GAPS)
     for conv in ("6n", "6n-padded"):
         matched = now.get((1.0, f"flops-{conv}", ""), {})
         add(f"accounting: total FLOPs instead of {SHORT['flops-' + conv]}", "own allocation", total, matched,
-            sorted(matched) + gaps)
+            sorted(matched) + GAPS)
     for (scale, match, series), clock in sorted(now.items()):
         if scale == 1.0 and match == "time":
             own = " (wall-clock allocations)" if series in walloc else ""  # two levers at once: clock and shape
             add("wall-clock instead of total FLOPs", f"clock series {series or 'a'}{own}", clock, total,
-                sorted(clock) + gaps)
+                sorted(clock) + GAPS)
     return rows
 
 
