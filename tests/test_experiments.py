@@ -724,3 +724,66 @@ def test_allocation_report_keeps_stage_1s_runs_beside_todays_once_stage_2_retire
     assert not any(k[0].startswith("allocation: stage 2") and k[1] == "flat-ngrams" for k in rows)
     records.write(path, [r for r in records.load(path) if not r.get("retired")])  # no stage-2 retirement: no block
     assert "At stage 1's allocation" not in alloc.report(path) and "stage 2" not in alloc.levers_table(path, preset)
+
+
+def test_allocation_retire_reinstates_the_runs_a_later_stage_2_chose_again(tmp_path, monkeypatch):
+    """When stage 2 goes back to the settings a retired final run and a retired clock sweep trained at, `retire`
+    moves today's stale run aside under a new name (NAME-2: a run of its name was retired before) and returns the
+    old ones to their places with their records current again; `final` then trains nothing (the saved model is
+    compared, so `--byte-window 8` given is the preset's window 8), and a second `retire` moves nothing."""
+    alloc = _allocation()
+    monkeypatch.setattr(alloc, "_axes", lambda method, stage, clock=False, ngrams=False:
+                        ["n-mid=2,3"] if stage == 1 else ["byte-window=4,8"])
+    out, results, sweep_results = tmp_path / "out", tmp_path / "records.jsonl", tmp_path / "sweep.jsonl"
+
+    def main(*argv):
+        monkeypatch.setattr(sys, "argv", ["run.py", *map(str, argv)])
+        alloc.main()
+
+    def stage_2(best):
+        records.write(out / "sweep2n-learned" / "sweep.jsonl", [
+            records.make("sweep", "cell", 0, command="x", axes={"byte-window": w}, val_bpb=2.0 if w == best else 2.1)
+            for w in ("4", "8")])
+
+    config = arms.saved_config(["--preset", "small", *alloc._flags("learned", {"n-mid": "2"}, True)[2:]])
+    records.write(out / "sweep1c-learned" / "sweep.jsonl", [  # at the preset's byte window 8
+        records.make("sweep", "cell", 0, command="x", axes={"n-mid": n}, val_bpb=b, config={**config, "model": {
+            **config["model"], "n_mid": int(n)}}) for n, b in (("2", 2.0), ("3", 2.1))])
+    main("collect", "--out", out, "--results", sweep_results)
+    place = alloc._run_dir(out, "learned-ngrams", 1.0, False, 0)
+
+    def trained(window):  # a finished final run of learned-ngrams, seed 0, at this byte window, and its record
+        flags = alloc._flags("learned", {"byte-window": window} if window else {}, True)[2:]
+        place.mkdir(parents=True)
+        done = {"flags": flags, "config": arms.saved_config(["--preset", "small", *flags]), "method": "learned"}
+        (place / "final.json").write_text(json.dumps(done))
+        place.with_name(place.name + ".log").write_text(f"window {window or 8}")
+        return records.make("allocation", "learned-ngrams", 0, command="x", method="learned", flags=flags,
+                            run_dir=str(place.resolve()), test={"bpb": 2.0}, val={"bpb": 2.0}, train_seconds=1.0,
+                            budget={"scale": 1.0, "match": "flops-total", "flops_budget": 1e13})
+
+    stage_2("4")
+    records.write(results, [trained(None)])  # stage 1's run, at the preset's window
+    main("retire", "--out", out, "--results", results, "--sweep-results", sweep_results)
+    first = out / "retired" / place.name
+    assert not place.exists() and first.exists() and (out / "retired" / "sweep1c-learned-1").exists()
+    records.write(results, [*records.load(results), trained("4")])  # stage 2's
+    stage_2("8")  # a later stage 2 goes back to window 8
+    main("retire", "--out", out, "--results", results, "--sweep-results", sweep_results)
+    second = out / "retired" / (place.name + "-2")
+    assert "--byte-window 4 " in " ".join(json.loads((second / "final.json").read_text())["flags"])
+    assert (out / "retired" / (second.name + ".log")).read_text() == "window 4"
+    assert "--byte-window" not in json.loads((place / "final.json").read_text())["flags"] and not first.exists()
+    assert place.with_name(place.name + ".log").read_text() == "window 8"
+    rows = records.load(results)
+    assert [(r["run_dir"], bool(r.get("retired"))) for r in rows] == [(str(place.resolve()), False),
+                                                                     (str(second.resolve()), True)]
+    assert alloc._before_stage_2(rows) == rows[:1]  # today's run is stage 1's again
+    assert (out / "sweep1c-learned").exists() and not any(r.get("retired") for r in records.load(sweep_results))
+    assert alloc.allocation(out, "learned", clock=True) == {"n-mid": "2", "byte-window": "8"}
+    assert "--byte-window" in alloc._flags("learned", alloc.allocation(out, "learned", ngrams=True), True)
+    monkeypatch.setattr(alloc.arms, "train_arm", lambda *a, **k: pytest.fail("trained a finished run again"))
+    main("final", "--data", tmp_path, "--out", out, "--ngrams", "--arms", "learned-ngrams", "--seeds", "0")
+    main("retire", "--out", out, "--results", results, "--sweep-results", sweep_results)
+    assert records.load(results) == rows and sorted(p.name for p in (out / "retired").iterdir()) == [
+        second.name, second.name + ".log"]

@@ -44,9 +44,11 @@ budget in the paper's 6N instead (attention free: the accounting lever's control
 learned-ngrams beside bpe-lm-ngrams, after the first set paired learned with flat). `evaluate` scores every finished
 final run on the test split after its first 256 KB (which earlier screens read many times), 512 KB of it, per document,
 and on validation, into experiments/allocation/records.jsonl. `retire` moves aside the final runs a later sweep stage
-made stale (their flags are no longer their method's allocation) and marks their records retired: kept and listed, out
-of the tables and the README, so `final` trains those arms again; and the stale clock sweeps, their cells' records
-marked retired too (listed in the sweep table). `restore` rebuilds OUT's bookkeeping from the committed records when its
+made stale (they trained another model than their method's allocation now gives: saved configs compared) and marks
+their records retired: kept and listed, out of the tables and the README, so `final` trains those arms again; and the
+stale clock sweeps, their cells' records marked retired too (listed in the sweep table). When a later sweep goes back
+to a retired run's or clock sweep's settings, `retire` returns it to its place and clears its records' mark instead
+of training the same model again (CPU training is deterministic). `restore` rebuilds OUT's bookkeeping from the committed records when its
 run directories are gone (a new machine): the sweeps' cells and the finished final runs, so the allocations stand and
 nothing finished trains again. `report` prints the tables (`levers_table`: what each lever changed, for
 docs/results.md): test BPB per method, the paired t-interval over seeds against `flat` and `bpe-lm` (and learned's
@@ -59,6 +61,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -195,13 +198,13 @@ class StaleSweep(UnfinishedSweep):
     or changed its choice, after it): like an unfinished sweep, its best cannot be used until it runs again."""
 
 
-def _stale_clock_sweep(out: Path, method: str, second: dict[str, str]) -> list[str]:
-    """The model settings in which the clock sweep's cells (their recorded configs) differ from what stage 2's
-    choice `second` now gives them; empty when they agree, or for cells recorded without a config."""
+def _stale_clock_sweep(path: Path, method: str, second: dict[str, str]) -> list[str]:
+    """The model settings in which the cells of the clock sweep in `path` (their recorded configs) differ from what
+    stage 2's choice `second` now gives them; empty when they agree, or for cells recorded without a config."""
     from learntok import records
 
     found: set[str] = set()
-    for r in records.load(_sweep_dir(out, method, 1, clock=True) / "sweep.jsonl"):
+    for r in records.load(path / "sweep.jsonl"):
         if "config" in r:
             asked = ["--preset", "small", *_flags(method, {**r["axes"], **second}, ngrams=True)[2:]]
             found.update(arms.config_differences(r["config"], asked))
@@ -270,7 +273,7 @@ def allocation(out: Path, method: str, clock: bool = False, strict: bool = True,
     if clock and first is None:
         return {}
     second = _stage_2(out, source, ngrams or clock, strict)
-    if clock and strict and (changed := _stale_clock_sweep(out, source, second)):
+    if clock and strict and (changed := _stale_clock_sweep(_sweep_dir(out, source, 1, True), source, second)):
         raise StaleSweep(f"{source}: the clock sweep trained with other settings than stage 2 now chooses "
                          f"({'; '.join(changed)}); move {_sweep_dir(out, source, 1, clock=True).name} aside and "
                          f"run `sweep --clock --methods {source}` again")
@@ -473,26 +476,52 @@ def _trained(out: Path, arm: str, scale: float, clock: bool, seed: int, series: 
 
 
 def _other_allocation(run: Path, done: dict | None, flags: list[str]) -> bool:
-    """Whether RUN trained (`done`: its final.json) or began training (its saved config) with other flags than
-    `flags` (resuming an unfinished one would train the saved model whatever the flags say)."""
+    """Whether RUN trained (`done`: its final.json) or began training (its saved config) another model than
+    `flags` build: the saved config is compared, not the flags' text, so `--byte-window 8` given or left to the
+    preset is one model (a finished run recorded without its config: the flags' text)."""
+    argv = ["--preset", "small", *flags]
     if done:
-        return done["flags"] != flags
-    return (run / "config.json").exists() and bool(arms.config_differences(run, ["--preset", "small", *flags]))
+        return bool(arms.config_differences(done["config"], argv)) if "config" in done else done["flags"] != flags
+    return (run / "config.json").exists() and bool(arms.config_differences(run, argv))
+
+
+def _judged(out: Path, run: Path) -> tuple[dict | None, list[str], bool]:
+    """A final run's final.json (None if unfinished), the flags its method's allocation now gives, and whether it
+    trained, or began training, another model than those build. The run may sit in OUT/retired/."""
+    method, ngrams = {arm: (m, ng) for arm, m, ng in _arms(True)}[run.name.removeprefix("final-").rsplit("-x", 1)[0]]
+    done = json.loads((run / "final.json").read_text()) if (run / "final.json").exists() else None
+    now = _flags(method, allocation(out, method, clock=WALLOC + "-" in run.name, strict=False, ngrams=ngrams),
+                 ngrams)[2:]
+    return done, now, _other_allocation(run, done, now)
 
 
 def _stale(out: Path) -> list[tuple[Path, dict | None, list[str]]]:
     """(run, its final.json or None if unfinished, the flags its allocation now gives) of every final run that
-    trained, or began training, with other flags."""
-    method_of = {arm: (m, ng) for arm, m, ng in _arms(True)}
+    trained, or began training, another model."""
     found = []
     for run in sorted(p for p in out.glob("final-*") if p.is_dir()):
-        done = json.loads((run / "final.json").read_text()) if (run / "final.json").exists() else None
-        method, ngrams = method_of[run.name.removeprefix("final-").rsplit("-x", 1)[0]]
-        chosen = allocation(out, method, clock=WALLOC + "-" in run.name, strict=False, ngrams=ngrams)
-        now = _flags(method, chosen, ngrams)[2:]
-        if _other_allocation(run, done, now):
+        done, now, other = _judged(out, run)
+        if other:
             found.append((run, done, now))
     return found
+
+
+def _place(retired: Path) -> Path:
+    """Where a retired final run trained: OUT/final-...-seedS for OUT/retired/final-...-seedS[-N]."""
+    return retired.parent.parent / re.sub(r"(-seed\d+)-\d+$", r"\1", retired.name)
+
+
+def _reinstatable(out: Path) -> list[tuple[Path, Path, dict | None]]:
+    """(retired run, its place, its final.json) of each retired final run that trained the model its method's
+    allocation gives again (a later sweep went back to it) and whose place is empty: the first such of each place."""
+    found: dict[Path, tuple[Path, Path, dict | None]] = {}
+    for run in sorted(p for p in (out / "retired").glob("final-*") if p.is_dir()):
+        if (place := _place(run)).exists() or place in found:
+            continue
+        done, _, other = _judged(out, run)
+        if not other:
+            found[place] = (run, place, done)
+    return list(found.values())
 
 
 def _paired(a: dict[int, float], b: dict[int, float]) -> tuple[list[int], dict | None]:
@@ -596,35 +625,84 @@ def _view_order(key: tuple[float, str, float, str]) -> tuple:
     return key[0], list(VIEWS).index(key[1]), key[3], key[2]
 
 
+def _move_run(run: Path, dest: Path) -> None:
+    """Move a final run's directory, and its log beside it, to `dest`."""
+    dest.parent.mkdir(exist_ok=True)
+    run.rename(dest)
+    for log in run.parent.glob(run.name + ".log"):
+        log.rename(dest.parent / (dest.name + ".log"))
+
+
 def cmd_retire(args) -> None:
-    """Move aside every final run, finished or not, whose flags are no longer its method's allocation (a later
-    sweep stage chose another), into OUT/retired/, and mark its record `retired` with the flags that replace them.
-    The record stays (every arm trained is logged) but leaves the tables, and `final` can train the arm again.
-    Then the clock sweeps stage 2 made stale, likewise (`_retire_clock_sweeps`)."""
+    """Move aside every final run, finished or not, that trained another model than its method's allocation now
+    gives (a later sweep stage chose another), into OUT/retired/ (NAME-2, -3, ... when a run of its name was
+    retired before), and mark its record `retired` with the flags that replace them. The record stays (every arm
+    trained is logged) but leaves the tables, and `final` can train the arm again. Then the clock sweeps stage 2
+    made stale, likewise (`_retire_clock_sweeps`). Last, the other way: a retired clock sweep or final run whose
+    settings are again the allocation's (a later sweep went back to them) returns to its place, its records no
+    longer retired, instead of training the same model again (`_reinstate`)."""
     from learntok import records
 
     rows = records.load(args.results)
-    moved = {}
+    moved = 0
     for run, res, now in _stale(args.out):
-        dest = args.out / "retired" / run.name
-        if dest.exists():
-            sys.exit(f"{dest} exists: a run was retired there already; move it before retiring {run.name}")
-        dest.parent.mkdir(exist_ok=True)
+        dest = next(d for n in range(1, 100) if not (d := args.out / "retired" / (
+            run.name if n == 1 else f"{run.name}-{n}")).exists())
         old = str(run.resolve())
-        run.rename(dest)
-        for log in run.parent.glob(run.name + ".log"):
-            log.rename(dest.parent / log.name)
-        moved[old] = (str(dest.resolve()), now)
+        _move_run(run, dest)
+        for r in rows:
+            if r["run_dir"] == old:
+                r["run_dir"] = str(dest.resolve())
+                r["retired"] = {"reason": "its method's allocation changed after it trained", "now": now}
+        moved += 1
         print(f"retired {run.name}: {'trained with ' + ' '.join(res['flags']) if res else 'unfinished'}; the "
               f"allocation now gives {' '.join(now)}", flush=True)
-    for r in rows:
-        if r["run_dir"] in moved:
-            r["run_dir"], now = moved[r["run_dir"]]
-            r["retired"] = {"reason": "its method's allocation changed after it trained", "now": now}
     records.write(args.results, rows)
-    print(f"{len(moved)} runs retired; {sum(1 for r in rows if r.get('retired'))} records marked retired in "
+    print(f"{moved} runs retired; {sum(1 for r in rows if r.get('retired'))} records marked retired in "
           f"{args.results}")
     _retire_clock_sweeps(args.out, args.sweep_results)
+    _reinstate(args.out, args.results, args.sweep_results)
+
+
+def _reinstate(out: Path, results: Path, sweep_results: Path) -> None:
+    """Return to its place each retired clock sweep whose cells trained at the settings stage 2 now chooses, then
+    each retired final run that trained the model its allocation now gives (`_reinstatable`; a run at the
+    wall-clock allocation needs its clock sweep back first), and clear their records' `retired` mark: CPU training
+    is deterministic, so training them again would give the same models."""
+    from learntok import records
+
+    cells, back = records.load(sweep_results), False
+    for method in SWEPT:
+        place = _sweep_dir(out, method, 1, clock=True)
+        second = None if place.exists() else _stage_2(out, method, True, False)
+        for old in sorted((out / "retired").glob(f"{place.name}-*")) if second is not None else []:
+            kept = records.load(old / "sweep.jsonl")
+            if kept and all("config" in r for r in kept) and not _stale_clock_sweep(old, method, second):
+                for r in cells:
+                    if r.get("retired", {}).get("dir") == str(old.resolve()):
+                        del r["retired"]
+                old.rename(place)
+                back = True
+                print(f"reinstated the clock sweep of {method} from {old}: stage 2 chose its settings again",
+                      flush=True)
+                break
+    if back:
+        records.write(sweep_results, cells)
+    rows = records.load(results)
+    found = _reinstatable(out)
+    for run, place, done in found:
+        old = str(run.resolve())
+        _move_run(run, place)
+        for r in rows:
+            if r["run_dir"] == old:
+                r["run_dir"] = str(place.resolve())
+                del r["retired"]
+        print(f"reinstated {place.name} from {run.name}: "
+              f"{'trained with ' + ' '.join(done['flags']) if done else 'unfinished'}, the allocation's model again",
+              flush=True)
+    if found:
+        records.write(results, rows)
+        print(f"{len(found)} runs reinstated; {sum(1 for r in rows if r.get('retired'))} records still retired")
 
 
 def _retire_clock_sweeps(out: Path, results: Path) -> None:
@@ -637,7 +715,7 @@ def _retire_clock_sweeps(out: Path, results: Path) -> None:
     rows, moved = records.load(results), False
     for method in SWEPT:
         path = _sweep_dir(out, method, 1, clock=True)
-        if not path.is_dir() or not (changed := _stale_clock_sweep(out, method, _stage_2(out, method, True, False))):
+        if not path.is_dir() or not (changed := _stale_clock_sweep(path, method, _stage_2(out, method, True, False))):
             continue
         dest = next(d for n in range(1, 100) if not (d := out / "retired" / f"{path.name}-{n}").exists())
         dest.parent.mkdir(exist_ok=True)
@@ -680,8 +758,8 @@ def retired_table(path: Path = RECORDS) -> str:
            "|---|---|---|---|---|---|---|"]
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
-        groups.setdefault((r["arm"], _budget_key(r)), []).append(r)
-    for (arm, key), rs in sorted(groups.items()):
+        groups.setdefault((r["arm"], _budget_key(r), tuple(r["flags"])), []).append(r)
+    for (arm, key, _), rs in sorted(groups.items()):
         was, now = rs[0]["flags"], rs[0]["retired"]["now"]
         view = f"x{key[0]:g} {VIEWS[key[1]]}{' ' + key[3] if key[3] else ''}"
         learned = {r["seed"]: r["test"]["bpb"] for r in every if not r.get("retired") and _budget_key(r) == key
@@ -705,8 +783,9 @@ def report(path: Path = RECORDS) -> str:
     out = _tables(rows) if rows else ["(no current records yet)", ""]
     if any(r.get("retired") for r in before):
         out += ["At stage 1's allocation (width × depth only, at the preset's byte window 8 and rate 0.2): the runs "
-                "`retire` moved aside when stage 2 gave their methods a byte window and rate, beside the flat and "
-                "BPE transformer runs they were paired with (stage 2 gives those none).", "",
+                "`retire` moved aside when stage 2 gave their methods a byte window and rate, beside the current "
+                "runs at that window and rate (flat and the BPE transformer, which stage 2 gives none, and any arm a "
+                "later stage 2 sent back to it).", "",
                 *_tables([{k: v for k, v in r.items() if k != "retired"} for r in before])]
     return "\n".join(out) + retired_table(path)
 
@@ -920,11 +999,17 @@ def _study_views(rows: list[dict], walloc: set[str]) -> dict[bool, list[str]]:
 
 def _before_stage_2(rows: list[dict]) -> list[dict]:
     """The final runs as they stood at stage 1's allocation (the preset's byte window and rate): those `retire`
-    moved aside when stage 2 gave their method a byte window, beside the current runs of the methods stage 2 gives
-    none (flat, the BPE transformer), which they were paired with."""
-    return [r for r in rows if (r.get("retired") and "--byte-window" in r["retired"]["now"]
-                                and "--byte-window" not in r["flags"])
-            or (not r.get("retired") and r["arm"].removesuffix("-ngrams") in ("flat", "bpe-lm"))]
+    moved aside when stage 2 gave their method a byte window, beside the current runs at that window and rate (the
+    methods stage 2 gives none, flat and the BPE transformer, which they were paired with, and the arms a later
+    stage 2 sent back to it)."""
+    return [r for r in rows if _at_stage_1(r) and (not r.get("retired") or "--byte-window" in r["retired"]["now"])]
+
+
+def _at_stage_1(r: dict) -> bool:
+    """Whether a final run trained at the preset's byte window 8 and rate RATE (stage 1's; flat and the BPE
+    transformer have neither), given or left to the preset."""
+    given = _options(r.get("flags", []))
+    return given.get("--byte-window", "8") == "8" and float(given.get("--target-rate", RATE)) == RATE
 
 
 def study_summary(path: Path = RECORDS) -> str | None:
@@ -936,7 +1021,8 @@ def study_summary(path: Path = RECORDS) -> str | None:
     rows = records.load(path)
     walloc = _walloc_series(rows)
     now = _study_views([r for r in rows if not r.get("retired")], walloc)
-    before = _study_views(_before_stage_2(rows), walloc)
+    stage_1 = _before_stage_2(rows)
+    before = _study_views(stage_1, walloc) if any(r.get("retired") for r in stage_1) else {True: [], False: []}
     if not any(now.values()) and not any(before.values()):
         return None
 
