@@ -111,6 +111,37 @@ def rate_control() -> str:
     return "\n".join(lines) + "\n"
 
 
+def headline_controls() -> str:
+    """The headline pair's two confound controls (leaderboard CONTROLS), per seed and over their declared seeds."""
+    lb = _script("leaderboard")
+    found = lb.control_rows({"arms": _leaderboard()})
+    lines = ["| control | seed | test BPB | rate (test) | 6N / padded 6N FLOPs vs uniform | control − uniform | "
+             "`learned-w1-vb` − control |", "|---|---|---|---|---|---|---|"]
+    for control, by in found.items():
+        for seed, (c, u, w) in by.items():
+            flops = (f"{c['flops'] / u['flops']:.3f}× / {c.get('flops_padded', c['flops']) / u['flops']:.3f}×"
+                     if c.get("flops") and u.get("flops") else "—")
+            lines.append(f"| `{control}` | {seed} | {c['test']['bpb']:.4f} | {c['test'].get('rate', 0):.3f} | {flops} "
+                         f"| {c['test']['bpb'] - u['test']['bpb']:+.4f} | {w['test']['bpb'] - c['test']['bpb']:+.4f} |")
+    lines = lines + [""] if len(lines) > 2 else []
+    for control, seeds in lb.CONTROLS.items():
+        by = found[control]
+        head = f"- `{control}`, {len(by)} of its {len(seeds)} declared seeds ({seeds[0]}–{seeds[-1]})"
+        if len(by) < 2:
+            lines.append(head + ": not yet two seeds")
+            continue
+        vs_uniform = [c["test"]["bpb"] - u["test"]["bpb"] for c, u, _ in by.values()]
+        vs_learned = [w["test"]["bpb"] - c["test"]["bpb"] for c, _, w in by.values()]
+        lines.append(head + f"{'' if len(by) == len(seeds) else ', incomplete'}: test, control − uniform "
+                     f"{_ci(vs_uniform)}{_tie(vs_uniform)}; `learned-w1-vb` − control {_ci(vs_learned)}"
+                     f"{_tie(vs_learned)}")
+    return "\n".join(lines) + "\n"
+
+
+def _tie(d: list[float]) -> str:
+    return " (tie)" if paired_interval(d)["tie"] else ""
+
+
 def _each(rs: list[dict], f, digits: int) -> str:
     return " / ".join(f"{f(r):.{digits}f}" for r in rs)
 
@@ -345,6 +376,7 @@ BLOCKS = {"allocation": allocation("records.jsonl"), "allocation-preset": alloca
           "embeddings-speed": embeddings_speed,
           "segment-speed": segment_speed, "segment-stats": segment_stats, "robustness": robustness_table,
           "default-run": default_run, "headline": headline, "rate-control": rate_control,
+          "headline-controls": headline_controls,
           "matched-time": matched_time, "gpu-path": gpu_path, "variance": variance,
           "readme-summary": readme_summary, "planted-sep": planted("sep"),
           "planted-nosep": planted("nosep")}

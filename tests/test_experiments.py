@@ -787,3 +787,29 @@ def test_allocation_retire_reinstates_the_runs_a_later_stage_2_chose_again(tmp_p
     main("retire", "--out", out, "--results", results, "--sweep-results", sweep_results)
     assert records.load(results) == rows and sorted(p.name for p in (out / "retired").iterdir()) == [
         second.name, second.name + ".log"]
+
+
+def test_headline_controls_pair_each_control_with_the_pairs_seeds(monkeypatch):
+    """The headline's confound controls: each control's seeds are paired with uniform's and learned-w1-vb's runs of
+    the same seed at the headline budget (transcribed seeds included, FLOPs shown where both runs kept them), an
+    interval only from two seeds, and a set short of its declared seeds says so."""
+    sys.path.insert(0, str(Path(arms.__file__).parent))
+    import report
+
+    def row(arm, seed, test, budget=2.4e7, **extra):
+        return {"arm": arm, "seed": seed, "match": "flops", "budget_bytes": budget, "test": {"bpb": test, "rate": 0.2},
+                **extra}
+
+    rows = [row("uniform", 10, 2.10), row("learned-w1-vb", 10, 2.05),  # transcribed: no FLOPs
+            row("uniform", 14, 2.10, flops=1e13), row("learned-w1-vb", 14, 2.00, flops=1.02e13),
+            row("uniform-ee", 10, 2.08), row("uniform-ee", 14, 2.06, flops=1e13),
+            row("uniform-ee", 15, 2.0),  # its pair has not run: left out
+            row("learned-w1-vb-padded", 14, 2.03, flops=0.97e13, flops_padded=1e13),
+            row("uniform-ee", 11, 1.0, budget=6e6)]  # another budget
+    monkeypatch.setattr(report, "_leaderboard", lambda: tuple(rows))
+    text = report.headline_controls()
+    assert "| `uniform-ee` | 10 | 2.0800 | 0.200 | — | -0.0200 | -0.0300 |" in text
+    assert "| `learned-w1-vb-padded` | 14 | 2.0300 | 0.200 | 0.970× / 1.000× | -0.0700 | -0.0300 |" in text
+    assert ("`uniform-ee`, 2 of its 9 declared seeds (10–18), incomplete: test, control − uniform -0.0300 ["
+            in text) and "`learned-w1-vb` − control -0.0450 [" in text
+    assert "`learned-w1-vb-padded`, 1 of its 5 declared seeds (14–18): not yet two seeds" in text

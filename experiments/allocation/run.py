@@ -48,11 +48,12 @@ made stale (they trained another model than their method's allocation now gives:
 their records retired: kept and listed, out of the tables and the README, so `final` trains those arms again; and the
 stale clock sweeps, their cells' records marked retired too (listed in the sweep table). When a later sweep goes back
 to a retired run's or clock sweep's settings, `retire` returns it to its place and clears its records' mark instead
-of training the same model again (CPU training is deterministic). `restore` rebuilds OUT's bookkeeping from the committed records when its
-run directories are gone (a new machine): the sweeps' cells and the finished final runs, so the allocations stand and
-nothing finished trains again. `report` prints the tables (`levers_table`: what each lever changed, for
-docs/results.md): test BPB per method, the paired t-interval over seeds against `flat` and `bpe-lm` (and learned's
-against it), and a paired bootstrap over documents (each document's bits averaged over seeds) for the same pairs.
+of training the same model again (CPU training is deterministic). `restore` rebuilds OUT's bookkeeping from the
+committed records when its run directories are gone (a new machine): the sweeps' cells and the finished final runs,
+so the allocations stand and nothing finished trains again. `report` prints the tables (`levers_table`: what each
+lever changed, for docs/results.md): test BPB per method, the paired t-interval over seeds against `flat` and `bpe-lm`
+(and learned's against it), and a paired bootstrap over documents (each document's bits averaged over seeds) for the
+same pairs.
 Everything resumes: finished cells and runs are skipped, an interrupted one continues from its checkpoint. Settings are
 chosen on validation only.
 """

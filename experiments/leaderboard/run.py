@@ -157,6 +157,23 @@ The second contains the first, so it is the second look at one growing set: it i
 never saw (a secondary reading, added after the extension was declared and before its last seed finished)."""
 
 
+CONTROLS = {"uniform-ee": range(10, 19), "learned-w1-vb-padded": range(14, 19)}
+"""The headline pair's confound controls (issue 30) and their seeds, declared before any of them ran: `uniform-ee`
+gives uniform the early-exit loss that only learned's encoder gets, on the pair's nine seeds; `learned-w1-vb-padded`
+stops learned when its FLOPs with padded token slots (every row as long as the step's longest, as the paper counts
+variable token counts) reach uniform's, on the seeds whose uniform runs kept their FLOPs (14-18)."""
+
+
+def control_rows(results: dict) -> dict[str, dict[int, tuple[dict, dict, dict]]]:
+    """control -> seed -> (its record, uniform's, learned-w1-vb's) at the headline budget, for the declared seeds
+    that have all three."""
+    arm, base, budget = HEADLINE
+    rows = {(r["arm"], r["seed"]): r for r in results["arms"]
+            if r.get("match") == "flops" and r.get("budget_bytes") == budget}
+    return {c: {s: (rows[c, s], rows[base, s], rows[arm, s]) for s in seeds
+                if (c, s) in rows and (base, s) in rows and (arm, s) in rows} for c, seeds in CONTROLS.items()}
+
+
 def headline_pairs(results: dict) -> dict[int, tuple[float, float]]:
     """seed -> (test difference, validation difference), learned-w1-vb - uniform at 2.4e7 bytes, from the records
     (seeds 10-13 are transcribed records: test BPB of each arm and the validation difference only)."""
