@@ -681,7 +681,7 @@ def _reinstate(out: Path, results: Path, sweep_results: Path) -> None:
             if kept and all("config" in r for r in kept) and not _stale_clock_sweep(old, method, second):
                 for r in cells:
                     if r.get("retired", {}).get("dir") == str(old.resolve()):
-                        del r["retired"]
+                        r.pop("retired", None)
                 old.rename(place)
                 back = True
                 print(f"reinstated the clock sweep of {method} from {old}: stage 2 chose its settings again",
@@ -697,7 +697,7 @@ def _reinstate(out: Path, results: Path, sweep_results: Path) -> None:
         for r in rows:
             if r["run_dir"] == old:
                 r["run_dir"] = str(place.resolve())
-                del r["retired"]
+                r.pop("retired", None)
         print(f"reinstated {place.name} from {run.name}: "
               f"{'trained with ' + ' '.join(done['flags']) if done else 'unfinished'}, the allocation's model again",
               flush=True)
