@@ -396,6 +396,10 @@ def test_allocation_study_summary_pairs_seeds_and_names_shapes(tmp_path):
     now, before = alloc.study_summary(path).split("At stage 1's allocation")
     assert "flat FLOPs -0.200 [-0.200, -0.200] (2)" in now and "clock" not in now.split("(clock):")[1]
     assert "flat FLOPs -0.125" in before  # the retired runs against the same flat runs
+    records.write(path, [{k: v for k, v in r.items() if k != "retired"} for r in records.load(path)
+                         if r["flags"] != window] + [{**final("learned", 2, 2.0), "retired": {"now": window}}])
+    line = alloc.study_summary(path)  # a later stage 2 sent learned back to stage 1's window: said once, today
+    assert line.count("flat FLOPs -0.125") == 1 and "At stage 1's allocation" not in line
 
 
 def test_allocation_levers_pair_each_lever_over_seeds(tmp_path):

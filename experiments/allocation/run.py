@@ -1016,7 +1016,8 @@ def _at_stage_1(r: dict) -> bool:
 def study_summary(path: Path = RECORDS) -> str | None:
     """The README's line on the study (each method at its own allocation, seeds paired, test BPB after the
     first 256 KB): learned − each method in STUDY_PAIRS with two or more paired seeds (`_study_views`), and the
-    same at stage 1's allocation once stage 2 retired those runs; None before any."""
+    same at stage 1's allocation once stage 2 retired those runs (where it differs from today's: an arm a later
+    stage 2 sent back to stage 1's window and rate is the same runs); None before any."""
     from learntok import records
 
     rows = records.load(path)
@@ -1024,6 +1025,7 @@ def study_summary(path: Path = RECORDS) -> str | None:
     now = _study_views([r for r in rows if not r.get("retired")], walloc)
     stage_1 = _before_stage_2(rows)
     before = _study_views(stage_1, walloc) if any(r.get("retired") for r in stage_1) else {True: [], False: []}
+    before = {k: [v for v in views if v not in now[k]] for k, views in before.items()}  # today's runs said once
     if not any(now.values()) and not any(before.values()):
         return None
 
