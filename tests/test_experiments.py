@@ -527,7 +527,7 @@ def test_allocation_clock_sweep_trains_n_gram_cells_for_the_clock_finals_seconds
     main("sweep", "--stage", "2", "--ngrams", "--data", tmp_path, "--out", tmp_path, "--methods", "learned", "flat")
     ((learned,),) = [commands]
     assert learned[4] == str(tmp_path / "sweep2n-learned") and " ".join(alloc.NGRAMS) in " ".join(learned)
-    assert f"--axis {alloc.STAGE2N_WINDOWS} --axis {alloc.STAGE2_RATES} " in " ".join(learned)
+    assert f"--axis {alloc.STAGE2N_WINDOWS} --axis {alloc.STAGE2N_RATES} " in " ".join(learned)
     assert "--d-model 64 --n-heads 2 --n-mid 2" in " ".join(learned) and "--target-rate" not in learned[-20:]
     (tmp_path / "sweep1-learned" / "sweep.jsonl").unlink()
 
