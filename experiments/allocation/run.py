@@ -138,11 +138,11 @@ plain stage 2's choice without them did not carry over to the n-gram arms (their
 2 was the plain sweep's worst window at most rates and 16 never its best."""
 STAGE2N_RATES = "target-rate=0.1,0.15,0.2,0.25,0.333,0.5"
 """The rate axis of stage 2 with the n-gram tables: STAGE2_RATES and 0.1. Learned's best lay at 0.15, the grid's low
-edge, at both windows (4: 1.9248 against 1.9279 at 0.2; 8: 1.9167 against 1.9205, its cells at 0.25-0.5 still to
-run, each of window 4's worse than the one below it), so the axis grows to 0.1 for every method with a rate, as
-decided before this sweep ran. It ends there, decided before those cells ran: a token of 10 bytes on average is
-longer than most English words with their space (whitespace's rate is 0.167), so past it tokens span words; an
-optimum at 0.1 is reported as an edge, not chased."""
+edge, at both windows (4: 1.9248 against 1.9279 at 0.2; 8: 1.9167 against 1.9205; at each window every rate worse
+than the one below it), so the axis grows to 0.1 for every method with a rate, as decided before this sweep ran. It
+ends there, decided before those cells ran: a token of 10 bytes on average is longer than most English words with
+their space (whitespace's rate is 0.167), so past it tokens span words; an optimum at 0.1 is reported as an edge,
+not chased."""
 CLOCK_REFERENCE = "flat-ngrams"
 """The arm whose FLOPs runs' median seconds the clock sweep's cells train for (with the n-gram tables, like the
 clock finals of the n-gram arms it chooses allocations for)."""
