@@ -64,9 +64,8 @@ def headline() -> str:
     lb = _script("leaderboard")
     results = {"arms": _leaderboard()}
     pairs = lb.headline_pairs(results)
-    arm, base, budget = lb.HEADLINE
-    by = {(r["arm"], r["seed"]): r for r in results["arms"]
-          if r.get("match") == "flops" and r.get("budget_bytes") == budget}
+    arm, base, _ = lb.HEADLINE
+    by = lb.headline_rows(results)
     lines = [f"| seed | `{arm}` test BPB | `{base}` test BPB | difference (test) | difference (val) | rate | "
              "FLOPs vs uniform | learned's boundaries vs SpaceByte's word starts | record |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -133,13 +132,9 @@ def headline_controls() -> str:
         vs_uniform = [c["test"]["bpb"] - u["test"]["bpb"] for c, u, _ in by.values()]
         vs_learned = [w["test"]["bpb"] - c["test"]["bpb"] for c, _, w in by.values()]
         lines.append(head + f"{'' if len(by) == len(seeds) else ', incomplete'}: test, control − uniform "
-                     f"{_ci(vs_uniform)}{_tie(vs_uniform)}; `learned-w1-vb` − control {_ci(vs_learned)}"
-                     f"{_tie(vs_learned)}")
+                     f"{interval_text(paired_interval(vs_uniform), tie=True)}; `learned-w1-vb` − control "
+                     f"{interval_text(paired_interval(vs_learned), tie=True)}")
     return "\n".join(lines) + "\n"
-
-
-def _tie(d: list[float]) -> str:
-    return " (tie)" if paired_interval(d)["tie"] else ""
 
 
 def _each(rs: list[dict], f, digits: int) -> str:

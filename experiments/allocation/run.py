@@ -682,8 +682,10 @@ def _reinstate(out: Path, results: Path, sweep_results: Path) -> None:
     cells, back = records.load(sweep_results), False
     for method in SWEPT:
         place = _sweep_dir(out, method, 1, clock=True)
-        second = None if place.exists() else _stage_2(out, method, True, False)
-        for old in sorted((out / "retired").glob(f"{place.name}-*")) if second is not None else []:
+        if place.exists():
+            continue
+        second = _stage_2(out, method, True, False)
+        for old in sorted((out / "retired").glob(f"{place.name}-*")):
             kept = records.load(old / "sweep.jsonl")
             if kept and all("config" in r for r in kept) and not _stale_clock_sweep(old, method, second):
                 for r in cells:

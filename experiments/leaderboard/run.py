@@ -164,12 +164,17 @@ stops learned when its FLOPs with padded token slots (every row as long as the s
 variable token counts) reach uniform's, on the seeds whose uniform runs kept their FLOPs (14-18)."""
 
 
+def headline_rows(results: dict) -> dict[tuple[str, int], dict]:
+    """(arm, seed) -> record of every arm's run at the headline pair's FLOPs budget."""
+    return {(r["arm"], r["seed"]): r for r in results["arms"]
+            if r.get("match") == "flops" and r.get("budget_bytes") == HEADLINE[2]}
+
+
 def control_rows(results: dict) -> dict[str, dict[int, tuple[dict, dict, dict]]]:
     """control -> seed -> (its record, uniform's, learned-w1-vb's) at the headline budget, for the declared seeds
     that have all three."""
-    arm, base, budget = HEADLINE
-    rows = {(r["arm"], r["seed"]): r for r in results["arms"]
-            if r.get("match") == "flops" and r.get("budget_bytes") == budget}
+    arm, base, _ = HEADLINE
+    rows = headline_rows(results)
     return {c: {s: (rows[c, s], rows[base, s], rows[arm, s]) for s in seeds
                 if (c, s) in rows and (base, s) in rows and (arm, s) in rows} for c, seeds in CONTROLS.items()}
 
@@ -177,9 +182,8 @@ def control_rows(results: dict) -> dict[str, dict[int, tuple[dict, dict, dict]]]
 def headline_pairs(results: dict) -> dict[int, tuple[float, float]]:
     """seed -> (test difference, validation difference), learned-w1-vb - uniform at 2.4e7 bytes, from the records
     (seeds 10-13 are transcribed records: test BPB of each arm and the validation difference only)."""
-    arm, base, budget = HEADLINE
-    rows = {(r["arm"], r["seed"]): r for r in results["arms"]
-            if r.get("match") == "flops" and r.get("budget_bytes") == budget}
+    arm, base, _ = HEADLINE
+    rows = headline_rows(results)
     pairs = {}
     for (a, seed), r in rows.items():
         if a == arm and (base, seed) in rows:
