@@ -468,6 +468,7 @@ def test_allocation_restore_rebuilds_out_from_the_records_and_collect_never_drop
     done = json.loads((out / "final-uniform-x1-seed0" / "final.json").read_text())
     assert done["restored"] and done["flags"] == flags and done["train_seconds"] == 5.0 and "test" not in done
     assert not (out / "final-uniform-x1-seed1").exists()  # retired: `final` trains it again
+    assert json.loads((out / "retired" / "final-uniform-x1-seed1" / "final.json").read_text())["restored"]
     calls = []
     monkeypatch.setattr(alloc.arms, "train_arm", lambda run, *a, **kw: calls.append(run.name) or
                         {"bytes": 1.0, "train_seconds": 1.0, "command": "x", "provenance": {}})
@@ -791,6 +792,49 @@ def test_allocation_retire_reinstates_the_runs_a_later_stage_2_chose_again(tmp_p
     main("retire", "--out", out, "--results", results, "--sweep-results", sweep_results)
     assert records.load(results) == rows and sorted(p.name for p in (out / "retired").iterdir()) == [
         second.name, second.name + ".log"]
+
+
+def test_allocation_restore_keeps_retired_runs_so_a_new_machine_reinstates_them(tmp_path, monkeypatch):
+    """`restore` on a new machine (another OUT) rebuilds the retired final runs and clock sweeps in OUT/retired/
+    too, so when a later stage 2 chooses their settings again `retire` returns them to their places and clears
+    their records' marks (matched by name in OUT, not by the old machine's path) instead of `final` training the
+    same models again."""
+    alloc = _allocation()
+    monkeypatch.setattr(alloc, "_axes", lambda method, stage, clock=False, ngrams=False:
+                        ["n-mid=2,3"] if stage == 1 else ["byte-window=4,8"])
+
+    def main(*argv):
+        monkeypatch.setattr(sys, "argv", ["run.py", *map(str, argv)])
+        alloc.main()
+
+    config = arms.saved_config(["--preset", "small", *alloc._flags("learned", {"n-mid": "2"}, True)[2:]])
+    cells = [records.make("sweep", "cell", 0, command="x", axes={"n-mid": n}, val_bpb=b, method="learned", stage=1,
+                          clock=True, config={**config, "model": {**config["model"], "n_mid": int(n)}},
+                          retired={"changed": [], "dir": "/old/alloc/retired/sweep1c-learned-1"})
+             for n, b in (("2", 2.0), ("3", 2.1))]
+    stage_2 = [records.make("sweep", "cell", 0, command="x", axes={"byte-window": w}, val_bpb=b, method="learned",
+                            stage=2, ngrams=True) for w, b in (("4", 2.1), ("8", 2.0))]  # window 8 chosen again
+    flags = alloc._flags("learned", {}, True)[2:]  # stage 1's run: the preset's window 8
+    run = {"flags": flags, "config": arms.saved_config(["--preset", "small", *flags]), "method": "learned",
+           "ngrams": True, "train_seconds": 1.0, "test": {"bpb": 2.0}, "val": {"bpb": 2.0},
+           "budget": {"scale": 1.0, "match": "flops-total", "flops_budget": 1e13}}
+    results, sweep_results, out = tmp_path / "records.jsonl", tmp_path / "sweep.jsonl", tmp_path / "new"
+    records.write(sweep_results, cells + stage_2)
+    records.write(results, [records.make("allocation", "learned-ngrams", 0, command="x",
+                                         run="final-learned-ngrams-x1-seed0",
+                                         run_dir="/old/alloc/retired/final-learned-ngrams-x1-seed0",
+                                         retired={"now": [*flags, "--byte-window", "4"]}, **run)])
+    main("restore", "--out", out, "--results", results, "--sweep-results", sweep_results)
+    assert not (out / "final-learned-ngrams-x1-seed0").exists() and alloc.allocation(out, "learned", clock=True) == {}
+    main("retire", "--out", out, "--results", results, "--sweep-results", sweep_results)
+    place = out / "final-learned-ngrams-x1-seed0"
+    assert json.loads((place / "final.json").read_text())["restored"] and not list((out / "retired").iterdir())
+    (rec,) = records.load(results)
+    assert rec["run_dir"] == str(place.resolve()) and "retired" not in rec
+    assert not any(r.get("retired") for r in records.load(sweep_results))
+    assert alloc.allocation(out, "learned", clock=True) == {"n-mid": "2", "byte-window": "8"}
+    monkeypatch.setattr(alloc.arms, "train_arm", lambda *a, **k: pytest.fail("trained a finished run again"))
+    main("final", "--data", tmp_path, "--out", out, "--ngrams", "--arms", "learned-ngrams", "--seeds", "0")
 
 
 def test_headline_controls_pair_each_control_with_the_pairs_seeds(monkeypatch):

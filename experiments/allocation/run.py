@@ -50,7 +50,8 @@ stale clock sweeps, their cells' records marked retired too (listed in the sweep
 to a retired run's or clock sweep's settings, `retire` returns it to its place and clears its records' mark instead
 of training the same model again (CPU training is deterministic). `restore` rebuilds OUT's bookkeeping from the
 committed records when its run directories are gone (a new machine): the sweeps' cells and the finished final runs,
-so the allocations stand and nothing finished trains again. `report` prints the tables (`levers_table`: what each
+so the allocations stand and nothing finished trains again, and the retired ones in OUT/retired/, so `retire` can
+still reinstate them. `report` prints the tables (`levers_table`: what each
 lever changed, for docs/results.md): test BPB per method, the paired t-interval over seeds against `flat` and `bpe-lm`
 (and learned's against it), and a paired bootstrap over documents (each document's bits averaged over seeds) for the
 same pairs.
@@ -374,7 +375,9 @@ def cmd_restore(args) -> None:
     """Rebuild OUT's bookkeeping from the committed records where its run directories are gone (a new machine):
     each sweep's sweep.jsonl, so `best` and `final` choose the same allocations and a sweep trains only its missing
     cells, and each current final run's final.json, marked `restored` (it has no checkpoint), so `final` skips it,
-    `--clock` reads its reference's seconds and `retire` can judge it. Nothing that exists is touched."""
+    `--clock` reads its reference's seconds and `retire` can judge it; and likewise the clock sweeps and final
+    runs `retire` moved aside, in OUT/retired/, so that a later stage 2 choosing their settings again reinstates
+    them there too. Nothing that exists is touched."""
     from learntok import records
 
     groups: dict[tuple[str, int, bool, bool], list[dict]] = {}
@@ -388,17 +391,41 @@ def cmd_restore(args) -> None:
             path.parent.mkdir(parents=True, exist_ok=True)
             records.write(path, rows)
             sweeps += 1
+    retired: dict[str, list[dict]] = {}  # the retired clock sweeps' cells, by the directory retire moved them to
+    for r in (r for r in records.load(args.sweep_results) if r.get("retired", {}).get("dir")):
+        retired.setdefault(Path(r["retired"]["dir"]).name, []).append(
+            {k: v for k, v in r.items() if k not in ("method", "stage", "clock", "ngrams", "retired")})
+    counts = {"sweeps": 0, "runs": 0}  # of those retire moved aside
+    for name, rows in retired.items():
+        if not (path := args.out / "retired" / name / "sweep.jsonl").exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            records.write(path, rows)
+            counts["sweeps"] += 1
     finals = 0
     for r in records.load(args.results):
-        path = args.out / r["run"] / "final.json"
-        if r.get("retired") or path.exists():
+        path = _out_path(args.out, r["run_dir"]) / "final.json"
+        if path.exists():
             continue
         path.parent.mkdir(parents=True, exist_ok=True)
-        res = {k: v for k, v in r.items() if k not in RECORD_ONLY}
+        res = {k: v for k, v in r.items() if k not in (*RECORD_ONLY, "retired")}
         atomic.write_text(path, json.dumps({**res, "restored": True}, indent=1) + "\n")
-        finals += 1
+        counts["runs"] += bool(r.get("retired"))
+        finals += not r.get("retired")
     print(f"restored {sweeps} sweeps ({sum(map(len, groups.values()))} cells in all) and {finals} final runs in "
-          f"{args.out}")
+          f"{args.out}; {counts['sweeps']} retired sweeps and {counts['runs']} retired runs in {args.out / 'retired'}")
+
+
+def _out_path(out: Path, recorded: str) -> Path:
+    """Where a record's run directory (`run_dir`, or a retired sweep's `dir`, recorded on the machine that ran it)
+    lies in OUT on this machine: OUT/NAME, or OUT/retired/NAME for one `retire` moved aside."""
+    path = Path(recorded)
+    return out / "retired" / path.name if path.parent.name == "retired" else out / path.name
+
+
+def _is(recorded: str, out: Path, path: Path) -> bool:
+    """Whether a record's directory (`run_dir`, or a retired sweep's `dir`) is `path` in OUT, wherever OUT was when
+    it was recorded (`restore` may rebuild OUT elsewhere)."""
+    return _out_path(out, recorded).resolve() == path.resolve()
 
 
 def sweep_table(path: Path = SWEEP_RECORDS) -> str:
@@ -656,12 +683,11 @@ def cmd_retire(args) -> None:
     for run, res, now in _stale(args.out):
         dest = next(d for n in range(1, 100) if not (d := args.out / "retired" / (
             run.name if n == 1 else f"{run.name}-{n}")).exists())
-        old = str(run.resolve())
-        _move_run(run, dest)
         for r in rows:
-            if r["run_dir"] == old:
+            if _is(r["run_dir"], args.out, run):
                 r["run_dir"] = str(dest.resolve())
                 r["retired"] = {"reason": "its method's allocation changed after it trained", "now": now}
+        _move_run(run, dest)
         moved += 1
         print(f"retired {run.name}: {'trained with ' + ' '.join(res['flags']) if res else 'unfinished'}; the "
               f"allocation now gives {' '.join(now)}", flush=True)
@@ -689,7 +715,7 @@ def _reinstate(out: Path, results: Path, sweep_results: Path) -> None:
             kept = records.load(old / "sweep.jsonl")
             if kept and all("config" in r for r in kept) and not _stale_clock_sweep(old, method, second):
                 for r in cells:
-                    if r.get("retired", {}).get("dir") == str(old.resolve()):
+                    if r.get("retired", {}).get("dir") and _is(r["retired"]["dir"], out, old):
                         r.pop("retired", None)
                 old.rename(place)
                 back = True
@@ -701,12 +727,11 @@ def _reinstate(out: Path, results: Path, sweep_results: Path) -> None:
     rows = records.load(results)
     found = _reinstatable(out)
     for run, place, done in found:
-        old = str(run.resolve())
-        _move_run(run, place)
         for r in rows:
-            if r["run_dir"] == old:
+            if _is(r["run_dir"], out, run):
                 r["run_dir"] = str(place.resolve())
                 r.pop("retired", None)
+        _move_run(run, place)
         print(f"reinstated {place.name} from {run.name}: "
               f"{'trained with ' + ' '.join(done['flags']) if done else 'unfinished'}, the allocation's model again",
               flush=True)
