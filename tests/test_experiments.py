@@ -837,6 +837,37 @@ def test_allocation_restore_keeps_retired_runs_so_a_new_machine_reinstates_them(
     main("final", "--data", tmp_path, "--out", out, "--ngrams", "--arms", "learned-ngrams", "--seeds", "0")
 
 
+def test_allocation_retire_judges_what_it_can_while_another_methods_sweep_runs(tmp_path, monkeypatch, capsys):
+    """`retire` while one method's stage 2 is under way moves aside another method's stale run and leaves the
+    unjudgeable method's runs where they are, saying which sweep it waits for, instead of stopping at the first."""
+    alloc = _allocation()
+    monkeypatch.setattr(alloc, "_axes", lambda method, stage, clock=False, ngrams=False:
+                        ["n-mid=2,3"] if stage == 1 else ["byte-window=4,8"])
+    out = tmp_path / "out"
+
+    def stage_2(method, cells):
+        records.write(out / f"sweep2n-{method}" / "sweep.jsonl", [
+            records.make("sweep", "cell", 0, command="x", axes={"byte-window": w}, val_bpb=b) for w, b in cells])
+
+    def trained(method, window):
+        run = alloc._run_dir(out, f"{method}-ngrams", 1.0, False, 0)
+        flags = alloc._flags(method, {"byte-window": window}, True)[2:]
+        run.mkdir(parents=True)
+        (run / "final.json").write_text(json.dumps({"flags": flags, "method": method,
+                                                    "config": arms.saved_config(["--preset", "small", *flags])}))
+        return run
+
+    stage_2("whitespace", [("4", 2.1), ("8", 2.0)])  # finished: window 8
+    stage_2("learned", [("4", 2.0)])  # under way
+    stale, waiting = trained("whitespace", "4"), trained("learned", "4")
+    monkeypatch.setattr(sys, "argv", ["run.py", "retire", "--out", str(out), "--results", str(tmp_path / "r.jsonl"),
+                                      "--sweep-results", str(tmp_path / "s.jsonl")])
+    alloc.main()
+    assert not stale.exists() and (out / "retired" / stale.name).exists() and waiting.exists()
+    assert "left as they are until a sweep finishes: learned: stage 2 with n-grams has 1 of 2 cells" in \
+        capsys.readouterr().out
+
+
 def test_headline_controls_pair_each_control_with_the_pairs_seeds(monkeypatch):
     """The headline's confound controls: each control's seeds are paired with uniform's and learned-w1-vb's runs of
     the same seed at the headline budget (transcribed seeds included, FLOPs shown where both runs kept them), an

@@ -530,12 +530,18 @@ def _judged(out: Path, run: Path) -> tuple[dict | None, list[str], bool]:
     return done, now, _other_allocation(run, done, now)
 
 
-def _stale(out: Path) -> list[tuple[Path, dict | None, list[str]]]:
+def _stale(out: Path, waiting: set[str] | None = None) -> list[tuple[Path, dict | None, list[str]]]:
     """(run, its final.json or None if unfinished, the flags its allocation now gives) of every final run that
-    trained, or began training, another model."""
+    trained, or began training, another model. A run whose method's sweep is under way cannot be judged yet: it
+    is left out, the reason added to `waiting`."""
     found = []
     for run in sorted(p for p in out.glob("final-*") if p.is_dir()):
-        done, now, other = _judged(out, run)
+        try:
+            done, now, other = _judged(out, run)
+        except UnfinishedSweep as unfinished:
+            if waiting is not None:
+                waiting.add(str(unfinished))
+            continue
         if other:
             found.append((run, done, now))
     return found
@@ -546,14 +552,20 @@ def _place(retired: Path) -> Path:
     return retired.parent.parent / re.sub(r"(-seed\d+)-\d+$", r"\1", retired.name)
 
 
-def _reinstatable(out: Path) -> list[tuple[Path, Path, dict | None]]:
+def _reinstatable(out: Path, waiting: set[str] | None = None) -> list[tuple[Path, Path, dict | None]]:
     """(retired run, its place, its final.json) of each retired final run that trained the model its method's
-    allocation gives again (a later sweep went back to it) and whose place is empty: the first such of each place."""
+    allocation gives again (a later sweep went back to it) and whose place is empty: the first such of each place;
+    like `_stale`, none whose method's sweep is under way."""
     found: dict[Path, tuple[Path, Path, dict | None]] = {}
     for run in sorted(p for p in (out / "retired").glob("final-*") if p.is_dir()):
         if (place := _place(run)).exists() or place in found:
             continue
-        done, _, other = _judged(out, run)
+        try:
+            done, _, other = _judged(out, run)
+        except UnfinishedSweep as unfinished:
+            if waiting is not None:
+                waiting.add(str(unfinished))
+            continue
         if not other:
             found[place] = (run, place, done)
     return list(found.values())
@@ -675,12 +687,13 @@ def cmd_retire(args) -> None:
     trained is logged) but leaves the tables, and `final` can train the arm again. Then the clock sweeps stage 2
     made stale, likewise (`_retire_clock_sweeps`). Last, the other way: a retired clock sweep or final run whose
     settings are again the allocation's (a later sweep went back to them) returns to its place, its records no
-    longer retired, instead of training the same model again (`_reinstate`)."""
+    longer retired, instead of training the same model again (`_reinstate`). A method whose sweep is under way cannot be judged: its
+    runs and clock sweep are left as they are, the sweep named, for a later `retire`."""
     from learntok import records
 
-    rows = records.load(args.results)
+    rows, waiting = records.load(args.results), set()
     moved = 0
-    for run, res, now in _stale(args.out):
+    for run, res, now in _stale(args.out, waiting):
         dest = next(d for n in range(1, 100) if not (d := args.out / "retired" / (
             run.name if n == 1 else f"{run.name}-{n}")).exists())
         for r in rows:
@@ -694,11 +707,13 @@ def cmd_retire(args) -> None:
     records.write(args.results, rows)
     print(f"{moved} runs retired; {sum(1 for r in rows if r.get('retired'))} records marked retired in "
           f"{args.results}")
-    _retire_clock_sweeps(args.out, args.sweep_results)
-    _reinstate(args.out, args.results, args.sweep_results)
+    _retire_clock_sweeps(args.out, args.sweep_results, waiting)
+    _reinstate(args.out, args.results, args.sweep_results, waiting)
+    for why in sorted(waiting):  # judged once the sweep finishes: run `retire` again then
+        print(f"left as they are until a sweep finishes: {why}", flush=True)
 
 
-def _reinstate(out: Path, results: Path, sweep_results: Path) -> None:
+def _reinstate(out: Path, results: Path, sweep_results: Path, waiting: set[str]) -> None:
     """Return to its place each retired clock sweep whose cells trained at the settings stage 2 now chooses, then
     each retired final run that trained the model its allocation now gives (`_reinstatable`; a run at the
     wall-clock allocation needs its clock sweep back first), and clear their records' `retired` mark: CPU training
@@ -710,7 +725,11 @@ def _reinstate(out: Path, results: Path, sweep_results: Path) -> None:
         place = _sweep_dir(out, method, 1, clock=True)
         if place.exists():
             continue
-        second = _stage_2(out, method, True, False)
+        try:
+            second = _stage_2(out, method, True, False)
+        except UnfinishedSweep as unfinished:
+            waiting.add(str(unfinished))
+            continue
         for old in sorted((out / "retired").glob(f"{place.name}-*")):
             kept = records.load(old / "sweep.jsonl")
             if kept and all("config" in r for r in kept) and not _stale_clock_sweep(old, method, second):
@@ -725,7 +744,7 @@ def _reinstate(out: Path, results: Path, sweep_results: Path) -> None:
     if back:
         records.write(sweep_results, cells)
     rows = records.load(results)
-    found = _reinstatable(out)
+    found = _reinstatable(out, waiting)
     for run, place, done in found:
         for r in rows:
             if _is(r["run_dir"], out, run):
@@ -740,7 +759,7 @@ def _reinstate(out: Path, results: Path, sweep_results: Path) -> None:
         print(f"{len(found)} runs reinstated; {sum(1 for r in rows if r.get('retired'))} records still retired")
 
 
-def _retire_clock_sweeps(out: Path, results: Path) -> None:
+def _retire_clock_sweeps(out: Path, results: Path, waiting: set[str]) -> None:
     """Move aside, into OUT/retired/, each clock sweep whose cells trained at other settings than stage 2 now
     chooses (StaleSweep's), and mark its cells' records in `results` retired with what changed: they stay logged
     and in the sweep table, but `restore` and `collect` no longer count them as the clock sweep, so `sweep
@@ -750,7 +769,14 @@ def _retire_clock_sweeps(out: Path, results: Path) -> None:
     rows, moved = records.load(results), False
     for method in SWEPT:
         path = _sweep_dir(out, method, 1, clock=True)
-        if not path.is_dir() or not (changed := _stale_clock_sweep(path, method, _stage_2(out, method, True, False))):
+        if not path.is_dir():
+            continue
+        try:
+            changed = _stale_clock_sweep(path, method, _stage_2(out, method, True, False))
+        except UnfinishedSweep as unfinished:
+            waiting.add(str(unfinished))
+            continue
+        if not changed:
             continue
         dest = next(d for n in range(1, 100) if not (d := out / "retired" / f"{path.name}-{n}").exists())
         dest.parent.mkdir(exist_ok=True)
