@@ -7,6 +7,7 @@ import importlib.util
 import json
 import math
 import statistics
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -892,3 +893,38 @@ def test_headline_controls_pair_each_control_with_the_pairs_seeds(monkeypatch):
     assert ("`uniform-ee`, 2 of its 9 declared seeds (10–18), incomplete: test, control − uniform -0.0300 ["
             in text) and "`learned-w1-vb` − control -0.0450 [" in text
     assert "`learned-w1-vb-padded`, 1 of its 5 declared seeds (14–18): not yet two seeds" in text
+
+
+def test_allocation_queue_runs_the_study_in_order_and_saves_after_every_step(tmp_path):
+    """experiments/allocation/queue.sh (the study's remaining steps, run again after any interruption) restores
+    OUT first, collects after every sweep and scores after every final call, retires after stage 2 before any
+    final, gives whitespace 3 seeds where the others get 5, and runs the headline's controls with leaderboard's."""
+    log = tmp_path / "calls"
+    stub = tmp_path / "python"
+    stub.write_text(f'#!/bin/bash\necho "$(basename "$(dirname "$1")")/$(basename "$1") ${{*:2}}" >> {log}\n')
+    stub.chmod(0o755)
+    script = Path(arms.__file__).parent / "allocation" / "queue.sh"
+    subprocess.run(["bash", str(script), "DATA", str(tmp_path / "out")],
+                   env={"PYTHON": str(stub), "PATH": "/usr/bin:/bin"}, check=True)
+    calls = [line.split() for line in log.read_text().splitlines()]
+    assert calls[0][:2] == ["allocation/run.py", "restore"]
+    for i, call in enumerate(calls):
+        if call[1] == "sweep":
+            assert calls[i + 1][1] == "collect"
+        if call[1] == "final":
+            assert calls[i + 1][1] == "evaluate"
+    finals = [c for c in calls if c[1] == "final"]
+    assert calls.index(["allocation/run.py", "retire", "--out", str(tmp_path / "out")]) < calls.index(finals[0])
+    seeds = {}
+    for c in finals:
+        after = c[c.index("--seeds") + 1:]
+        given = after[:next((i for i, x in enumerate(after) if x.startswith("--")), len(after))]
+        arms_ = c[c.index("--arms") + 1:]
+        for arm in arms_[:next((i for i, x in enumerate(arms_) if x.startswith("--")), len(arms_))]:
+            for s in given:
+                seeds.setdefault((arm, "--clock" in c, "--convention" in c), set()).add(int(s))
+    assert seeds["whitespace-ngrams", False, False] == seeds["whitespace-ngrams", True, False] == {0, 1, 2}
+    assert seeds["learned-ngrams", True, False] == seeds["uniform-ngrams", False, False] == set(range(5))
+    assert seeds["whitespace", False, False] == {0, 1, 2} and seeds["learned", False, False] == set(range(5))
+    controls = [c for c in calls if c[0] == "leaderboard/run.py"]
+    assert [c[c.index("--arms") + 1] for c in controls] == ["uniform-ee", "learned-w1-vb-padded"]

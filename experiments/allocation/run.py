@@ -687,8 +687,8 @@ def cmd_retire(args) -> None:
     trained is logged) but leaves the tables, and `final` can train the arm again. Then the clock sweeps stage 2
     made stale, likewise (`_retire_clock_sweeps`). Last, the other way: a retired clock sweep or final run whose
     settings are again the allocation's (a later sweep went back to them) returns to its place, its records no
-    longer retired, instead of training the same model again (`_reinstate`). A method whose sweep is under way cannot be judged: its
-    runs and clock sweep are left as they are, the sweep named, for a later `retire`."""
+    longer retired, instead of training the same model again (`_reinstate`). A method whose sweep is under way
+    cannot be judged: its runs and clock sweep are left as they are, the sweep named, for a later `retire`."""
     from learntok import records
 
     rows, waiting = records.load(args.results), set()

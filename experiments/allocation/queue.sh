@@ -1,0 +1,54 @@
+#!/bin/bash
+# Issue 30's study from where it stands to its end, in the order it runs: one training at a time, each step
+# skipping what is done (records and run directories) and resuming an interrupted run, so after an interruption,
+# or on a new machine, run it again. Sweep cells are collected and final runs scored after each step, so the
+# committed records lose at most the run under way. Clock steps (sweep --clock, final --clock) time themselves:
+# run nothing else on the machine meanwhile.
+#
+#   bash experiments/allocation/queue.sh DATA/enwiki [OUT]        # PYTHON=... to pick the interpreter
+set -euo pipefail
+DATA=${1:?usage: queue.sh DATA/enwiki [OUT]}
+OUT=${2:-runs/alloc}
+PY=${PYTHON:-python}
+HERE=$(cd "$(dirname "$0")" && pwd)
+run() { "$PY" "$HERE/run.py" "$@"; }
+final() { run final --data "$DATA" --out "$OUT" "$@"; run evaluate --out "$OUT"; }
+
+run restore --out "$OUT"
+# 1. stage 2 with the n-gram tables (window x rate) for the methods that have it
+for m in learned uniform whitespace; do
+  run sweep --data "$DATA" --out "$OUT" --stage 2 --ngrams --methods "$m"
+  run collect --out "$OUT"
+done
+run retire --out "$OUT"
+# 2. the n-gram arms at matched total FLOPs (flat-ngrams and bpe-lm-ngrams have their 5 seeds)
+for arm in learned-ngrams uniform-ngrams; do
+  for s in 0 1 2 3 4; do final --ngrams --arms "$arm" --seeds "$s"; done
+done
+final --ngrams --arms whitespace-ngrams --seeds 0 1 2
+# 3. the clock sweep at stage 2's new choice, then the clock series x: each method at its wall-clock allocation,
+#    a seed's arms beside each other
+for m in learned uniform whitespace; do
+  run sweep --data "$DATA" --out "$OUT" --clock --methods "$m"
+  run collect --out "$OUT"
+done
+run best --out "$OUT"
+for s in 0 1 2 3 4; do
+  arms=(learned-ngrams flat-ngrams uniform-ngrams)
+  [ "$s" -lt 3 ] && arms+=(whitespace-ngrams)
+  final --ngrams --clock --series x --allocation clock --methods learned flat uniform whitespace \
+    --arms "${arms[@]}" --seeds "$s"
+done
+# 4. the headline's confound controls (docs/results.md §2), records in experiments/leaderboard/
+"$PY" "$HERE/../leaderboard/run.py" run --data "$DATA" --out "$OUT/../leaderboard" \
+  --results "$HERE/../leaderboard/records.jsonl" --bytes 2.4e7 --seeds 10 11 12 13 14 15 16 17 18 --arms uniform-ee
+"$PY" "$HERE/../leaderboard/run.py" run --data "$DATA" --out "$OUT/../leaderboard" \
+  --results "$HERE/../leaderboard/records.jsonl" --bytes 2.4e7 --seeds 14 15 16 17 18 --arms learned-w1-vb-padded
+# 5. the other methods' n-gram arms; the accounting lever's control (matched 6N); the arms without n-grams
+for s in 0 1 2; do final --ngrams --methods bpe entropy hnet --arms bpe-ngrams entropy-ngrams hnet-ngrams --seeds "$s"; done
+for s in 0 1 2 3 4; do final --ngrams --convention 6n --arms learned-ngrams flat-ngrams --seeds "$s"; done
+for s in 0 1 2 3 4; do
+  arms=(learned uniform flat bpe-lm)
+  [ "$s" -lt 3 ] && arms+=(whitespace)
+  final --arms "${arms[@]}" --seeds "$s"
+done
