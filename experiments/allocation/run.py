@@ -530,18 +530,25 @@ def _judged(out: Path, run: Path) -> tuple[dict | None, list[str], bool]:
     return done, now, _other_allocation(run, done, now)
 
 
+def _judged_or_waiting(out: Path, run: Path, waiting: set[str] | None) -> tuple[dict | None, list[str], bool] | None:
+    """`_judged`, or None when the run's method has a sweep under way (its message added to `waiting`)."""
+    try:
+        return _judged(out, run)
+    except UnfinishedSweep as unfinished:
+        if waiting is not None:
+            waiting.add(str(unfinished))
+        return None
+
+
 def _stale(out: Path, waiting: set[str] | None = None) -> list[tuple[Path, dict | None, list[str]]]:
     """(run, its final.json or None if unfinished, the flags its allocation now gives) of every final run that
     trained, or began training, another model. A run whose method's sweep is under way cannot be judged yet: it
     is left out, the reason added to `waiting`."""
     found = []
     for run in sorted(p for p in out.glob("final-*") if p.is_dir()):
-        try:
-            done, now, other = _judged(out, run)
-        except UnfinishedSweep as unfinished:
-            if waiting is not None:
-                waiting.add(str(unfinished))
+        if (judged := _judged_or_waiting(out, run, waiting)) is None:
             continue
+        done, now, other = judged
         if other:
             found.append((run, done, now))
     return found
@@ -560,12 +567,9 @@ def _reinstatable(out: Path, waiting: set[str] | None = None) -> list[tuple[Path
     for run in sorted(p for p in (out / "retired").glob("final-*") if p.is_dir()):
         if (place := _place(run)).exists() or place in found:
             continue
-        try:
-            done, _, other = _judged(out, run)
-        except UnfinishedSweep as unfinished:
-            if waiting is not None:
-                waiting.add(str(unfinished))
+        if (judged := _judged_or_waiting(out, run, waiting)) is None:
             continue
+        done, _, other = judged
         if not other:
             found[place] = (run, place, done)
     return list(found.values())
