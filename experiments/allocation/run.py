@@ -391,16 +391,16 @@ def cmd_restore(args) -> None:
             path.parent.mkdir(parents=True, exist_ok=True)
             records.write(path, rows)
             sweeps += 1
-    retired: dict[str, list[dict]] = {}  # the retired clock sweeps' cells, by the directory retire moved them to
+    retired: dict[Path, list[dict]] = {}  # the retired clock sweeps' cells, by the directory retire moved them to
     for r in (r for r in records.load(args.sweep_results) if r.get("retired", {}).get("dir")):
-        retired.setdefault(Path(r["retired"]["dir"]).name, []).append(
+        retired.setdefault(_out_path(args.out, r["retired"]["dir"]), []).append(
             {k: v for k, v in r.items() if k not in ("method", "stage", "clock", "ngrams", "retired")})
-    counts = {"sweeps": 0, "runs": 0}  # of those retire moved aside
-    for name, rows in retired.items():
-        if not (path := args.out / "retired" / name / "sweep.jsonl").exists():
+    retired_sweeps = retired_runs = 0
+    for where, rows in retired.items():
+        if not (path := where / "sweep.jsonl").exists():
             path.parent.mkdir(parents=True, exist_ok=True)
             records.write(path, rows)
-            counts["sweeps"] += 1
+            retired_sweeps += 1
     finals = 0
     for r in records.load(args.results):
         path = _out_path(args.out, r["run_dir"]) / "final.json"
@@ -409,10 +409,10 @@ def cmd_restore(args) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         res = {k: v for k, v in r.items() if k not in (*RECORD_ONLY, "retired")}
         atomic.write_text(path, json.dumps({**res, "restored": True}, indent=1) + "\n")
-        counts["runs"] += bool(r.get("retired"))
+        retired_runs += bool(r.get("retired"))
         finals += not r.get("retired")
     print(f"restored {sweeps} sweeps ({sum(map(len, groups.values()))} cells in all) and {finals} final runs in "
-          f"{args.out}; {counts['sweeps']} retired sweeps and {counts['runs']} retired runs in {args.out / 'retired'}")
+          f"{args.out}; {retired_sweeps} retired sweeps and {retired_runs} retired runs in {args.out / 'retired'}")
 
 
 def _out_path(out: Path, recorded: str) -> Path:
@@ -530,10 +530,11 @@ def _judged(out: Path, run: Path) -> tuple[dict | None, list[str], bool]:
     return done, now, _other_allocation(run, done, now)
 
 
-def _judged_or_waiting(out: Path, run: Path, waiting: set[str] | None) -> tuple[dict | None, list[str], bool] | None:
-    """`_judged`, or None when the run's method has a sweep under way (its message added to `waiting`)."""
+def _unless_unfinished(waiting: set[str] | None, judge, *args):
+    """judge(*args) (`_judged`, `_stage_2`), or None when a sweep it needs is under way, its message added to
+    `waiting`: what `retire` cannot judge yet, it leaves as it is."""
     try:
-        return _judged(out, run)
+        return judge(*args)
     except UnfinishedSweep as unfinished:
         if waiting is not None:
             waiting.add(str(unfinished))
@@ -546,7 +547,7 @@ def _stale(out: Path, waiting: set[str] | None = None) -> list[tuple[Path, dict 
     is left out, the reason added to `waiting`."""
     found = []
     for run in sorted(p for p in out.glob("final-*") if p.is_dir()):
-        if (judged := _judged_or_waiting(out, run, waiting)) is None:
+        if (judged := _unless_unfinished(waiting, _judged, out, run)) is None:
             continue
         done, now, other = judged
         if other:
@@ -567,7 +568,7 @@ def _reinstatable(out: Path, waiting: set[str] | None = None) -> list[tuple[Path
     for run in sorted(p for p in (out / "retired").glob("final-*") if p.is_dir()):
         if (place := _place(run)).exists() or place in found:
             continue
-        if (judged := _judged_or_waiting(out, run, waiting)) is None:
+        if (judged := _unless_unfinished(waiting, _judged, out, run)) is None:
             continue
         done, _, other = judged
         if not other:
@@ -729,10 +730,7 @@ def _reinstate(out: Path, results: Path, sweep_results: Path, waiting: set[str])
         place = _sweep_dir(out, method, 1, clock=True)
         if place.exists():
             continue
-        try:
-            second = _stage_2(out, method, True, False)
-        except UnfinishedSweep as unfinished:
-            waiting.add(str(unfinished))
+        if (second := _unless_unfinished(waiting, _stage_2, out, method, True, False)) is None:
             continue
         for old in sorted((out / "retired").glob(f"{place.name}-*")):
             kept = records.load(old / "sweep.jsonl")
@@ -773,14 +771,9 @@ def _retire_clock_sweeps(out: Path, results: Path, waiting: set[str]) -> None:
     rows, moved = records.load(results), False
     for method in SWEPT:
         path = _sweep_dir(out, method, 1, clock=True)
-        if not path.is_dir():
+        if not path.is_dir() or (second := _unless_unfinished(waiting, _stage_2, out, method, True, False)) is None:
             continue
-        try:
-            changed = _stale_clock_sweep(path, method, _stage_2(out, method, True, False))
-        except UnfinishedSweep as unfinished:
-            waiting.add(str(unfinished))
-            continue
-        if not changed:
+        if not (changed := _stale_clock_sweep(path, method, second)):
             continue
         dest = next(d for n in range(1, 100) if not (d := out / "retired" / f"{path.name}-{n}").exists())
         dest.parent.mkdir(exist_ok=True)
