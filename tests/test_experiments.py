@@ -898,7 +898,8 @@ def test_headline_controls_pair_each_control_with_the_pairs_seeds(monkeypatch):
 def test_allocation_queue_runs_the_study_in_order_and_saves_after_every_step(tmp_path):
     """experiments/allocation/queue.sh (the study's remaining steps, run again after any interruption) restores
     OUT first, collects after every sweep and scores after every final call, retires after stage 2 before any
-    final, gives whitespace 3 seeds where the others get 5, and runs the headline's controls with leaderboard's."""
+    final, gives whitespace 3 seeds where the others get 5, runs the headline's controls with leaderboard's, and
+    last the 4x budget's four n-gram arms at matched FLOPs with 3 seeds."""
     log = tmp_path / "calls"
     stub = tmp_path / "python"
     stub.write_text(f'#!/bin/bash\necho "$(basename "$(dirname "$1")")/$(basename "$1") ${{*:2}}" >> {log}\n')
@@ -922,9 +923,15 @@ def test_allocation_queue_runs_the_study_in_order_and_saves_after_every_step(tmp
         arms_ = c[c.index("--arms") + 1:]
         for arm in arms_[:next((i for i, x in enumerate(arms_) if x.startswith("--")), len(arms_))]:
             for s in given:
-                seeds.setdefault((arm, "--clock" in c, "--convention" in c), set()).add(int(s))
-    assert seeds["whitespace-ngrams", False, False] == seeds["whitespace-ngrams", True, False] == {0, 1, 2}
-    assert seeds["learned-ngrams", True, False] == seeds["uniform-ngrams", False, False] == set(range(5))
-    assert seeds["whitespace", False, False] == {0, 1, 2} and seeds["learned", False, False] == set(range(5))
+                scale = c[c.index("--scale") + 1] if "--scale" in c else "1"
+                seeds.setdefault((arm, "--clock" in c, "--convention" in c, scale), set()).add(int(s))
+    assert seeds["whitespace-ngrams", False, False, "1"] == seeds["whitespace-ngrams", True, False, "1"] == {0, 1, 2}
+    assert seeds["learned-ngrams", True, False, "1"] == seeds["uniform-ngrams", False, False, "1"] == set(range(5))
+    assert seeds["whitespace", False, False, "1"] == {0, 1, 2} and seeds["learned", False, False, "1"] == set(range(5))
+    assert {arm for arm, clock, _, scale in seeds if scale == "4"} == {
+        "learned-ngrams", "flat-ngrams", "bpe-lm-ngrams", "uniform-ngrams"}
+    assert all(seeds[key] == {0, 1, 2} and not key[1] for key in seeds if key[3] == "4")
+    x4 = [i for i, c in enumerate(calls) if c[1] == "final" and "--scale" in c]
+    assert min(x4) > max(i for i, c in enumerate(calls) if c[1] == "final" and "--scale" not in c)
     controls = [c for c in calls if c[0] == "leaderboard/run.py"]
     assert [c[c.index("--arms") + 1] for c in controls] == ["uniform-ee", "learned-w1-vb-padded"]

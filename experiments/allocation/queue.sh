@@ -52,3 +52,9 @@ for s in 0 1 2 3 4; do
   [ "$s" -lt 3 ] && arms+=(whitespace)
   final --arms "${arms[@]}" --seeds "$s"
 done
+# 6. 4x the budget at matched total FLOPs: the n-gram arms of the first two targets and fixed patches, each at its
+#    x1 allocation (no sweep at 4x), 3 seeds, a seed's four arms together (the scope in docs/results.md §8)
+for s in 0 1 2; do
+  final --ngrams --scale 4 --methods learned flat bpe-lm uniform \
+    --arms learned-ngrams flat-ngrams bpe-lm-ngrams uniform-ngrams --seeds "$s"
+done
