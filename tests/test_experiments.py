@@ -281,6 +281,33 @@ def test_allocation_final_clock_matches_the_flat_arm_with_the_same_embeddings(tm
         alloc.main()
 
 
+def test_allocation_chunk_arm_trains_learned_ngrams_allocation_with_the_chunk_table(tmp_path, monkeypatch):
+    """learned-ngrams-chunks (the chunk embedding's lever) trains learned-ngrams' allocation and flags plus the
+    chunk table, so the two pair by seed; `retire` judges it by those flags: left alone while learned's allocation
+    stands, moved aside when it changes."""
+    alloc = _allocation()
+    window = {"byte-window": "4"}
+    monkeypatch.setattr(alloc, "allocation", lambda out, m, clock=False, strict=True, ngrams=False: dict(window))
+    calls = {}
+
+    def train_arm(run, data, method, **kw):
+        calls[run.name] = (method, kw["flags"])
+        return {"bytes": 1.0, "train_seconds": 1.0, "command": "x", "provenance": {}}
+
+    monkeypatch.setattr(alloc.arms, "train_arm", train_arm)
+    monkeypatch.setattr(sys, "argv", ["run.py", "final", "--data", str(tmp_path), "--out", str(tmp_path), "--ngrams",
+                                      "--seeds", "0", "--budget-bytes", "2e4",
+                                      "--arms", "learned-ngrams", "learned-ngrams-chunks"])
+    alloc.main()
+    method, flags = calls["final-learned-ngrams-chunks-x1-seed0"]
+    assert method == "learned" and flags == [*calls["final-learned-ngrams-x1-seed0"][1], "--chunk-table", "16384"]
+    assert "--byte-window" in flags and "--ngram-sizes" in flags
+    assert alloc._stale(tmp_path) == []
+    window["byte-window"] = "8"
+    assert sorted(run.name for run, _, _ in alloc._stale(tmp_path)) == [
+        "final-learned-ngrams-chunks-x1-seed0", "final-learned-ngrams-x1-seed0"]
+
+
 def test_allocation_retire_moves_stale_runs_aside_and_keeps_their_records_out_of_the_tables(tmp_path, monkeypatch):
     """A later sweep stage that changes an allocation (BPE's vocabulary) makes the arm's finished runs stale:
     `retire` moves exactly those runs aside (with their logs), marks their records retired (the run directory
@@ -410,16 +437,19 @@ def test_allocation_levers_pair_each_lever_over_seeds(tmp_path):
     alloc = _allocation()
 
     def final(arm, seed, bpb, match="flops-total", series=""):
+        test = {"bpb": bpb, "bytes": 2, "per_document": {"documents": [0, 1], "bits": [bpb] * 2, "bytes": [1, 1]}}
         return records.make("allocation", arm, seed, command="x", method=arm.removesuffix("-ngrams"), flags=[],
-                            test={"bpb": bpb}, budget={"scale": 1.0, "match": match, "flops_budget": 1e2,
-                                                       **({"series": series} if series else {})})
+                            test=test, val={"bpb": bpb}, train_seconds=1.0,
+                            budget={"scale": 1.0, "match": match, "flops_budget": 1e2,
+                                    **({"series": series} if series else {})})
 
     path, preset = tmp_path / "records.jsonl", tmp_path / "preset.jsonl"
     records.write(path, [final("learned-ngrams", 0, 1.8), final("learned-ngrams", 1, 1.9),
                          final("flat-ngrams", 0, 1.9), final("flat-ngrams", 1, 2.1),
                          final("learned", 0, 2.3), final("flat", 0, 2.2),
                          final("learned-ngrams", 0, 1.85, "flops-6n"), final("flat-ngrams", 0, 1.85, "flops-6n"),
-                         final("learned-ngrams", 0, 1.7, "time", "c"), final("learned-ngrams", 1, 1.8, "time", "c")])
+                         final("learned-ngrams", 0, 1.7, "time", "c"), final("learned-ngrams", 1, 1.8, "time", "c"),
+                         final("learned-ngrams-chunks", 0, 1.75), final("learned-ngrams-chunks", 1, 1.86)])
     records.write(preset, [final("learned-ngrams", 0, 2.0), final("flat-ngrams", 0, 2.2)])
     rows = {tuple(c.strip() for c in line.split("|")[1:4]): line.split("|")[4:6]
             for line in alloc.levers_table(path, preset).splitlines()[2:]}
@@ -432,6 +462,10 @@ def test_allocation_levers_pair_each_lever_over_seeds(tmp_path):
     n, text = rows["wall-clock instead of total FLOPs", "learned-ngrams", "clock series c"]
     assert n.strip() == "2" and text.startswith(" -0.1000 [-0.1000, -0.1000]")  # both seeds moved by -0.1
     assert ("n-gram embeddings", "learned", "the preset's shape") not in rows  # the preset has no plain arm
+    n, text = rows["chunk embedding", "learned-ngrams", "its own allocation"]  # -0.05 and -0.04
+    assert n.strip() == "2" and text.startswith(" -0.0450 [")
+    chunks = next(line for line in alloc.report(path).splitlines() if line.startswith("| learned-ngrams-chunks | 2 |"))
+    assert chunks.split("|")[7].startswith(" -0.1950 [")  # − flat-ngrams (-0.15, -0.24), not plain flat (1 seed)
     assert alloc.levers_table(tmp_path / "none.jsonl", tmp_path / "none.jsonl") == "(no paired runs yet)\n"
 
 
@@ -928,6 +962,7 @@ def test_allocation_queue_runs_the_study_in_order_and_saves_after_every_step(tmp
     assert seeds["whitespace-ngrams", False, False, "1"] == seeds["whitespace-ngrams", True, False, "1"] == {0, 1, 2}
     assert seeds["learned-ngrams", True, False, "1"] == seeds["uniform-ngrams", False, False, "1"] == set(range(5))
     assert seeds["whitespace", False, False, "1"] == {0, 1, 2} and seeds["learned", False, False, "1"] == set(range(5))
+    assert seeds["learned-ngrams-chunks", False, False, "1"] == {0, 1, 2}
     assert {arm for arm, clock, _, scale in seeds if scale == "4"} == {
         "learned-ngrams", "flat-ngrams", "bpe-lm-ngrams", "uniform-ngrams"}
     assert all(seeds[key] == {0, 1, 2} and not key[1] for key in seeds if key[3] == "4")

@@ -26,6 +26,8 @@ for arm in learned-ngrams uniform-ngrams; do
   for s in 0 1 2 3 4; do final --ngrams --arms "$arm" --seeds "$s"; done
 done
 final --ngrams --arms whitespace-ngrams --seeds 0 1 2
+# the chunk embedding's lever: learned-ngrams with the chunk table, at its allocation, paired by seed
+final --ngrams --arms learned-ngrams-chunks --seeds 0 1 2
 # 3. the clock sweep at stage 2's new choice, then the clock series x: each method at its wall-clock allocation,
 #    a seed's arms beside each other
 for m in learned uniform whitespace; do

@@ -34,27 +34,27 @@ refused, once stage 2 chooses another window or rate: `retire` it and run it aga
 allocation, which `best` prints beside the FLOPs one and `final --clock --series NAME --allocation clock` trains at. A
 method whose patches are cheap to compute trains more FLOPs per second, so the two optima can differ; the cells run
 hours apart and this CPU's speed drifts by about 7 %, the clock sweep's own noise. `final` trains every method (and its
-n-gram variant, `--ngrams`) at its allocation with --seeds (5 for learned, uniform, flat and bpe-lm, 3 for the others by
-default) to the budget times --scale; with --clock each trains instead for the median training seconds of the flat model
-with the same embeddings at that scale (the matched wall-clock view; that flat arm's FLOPs runs must be finished first;
-it trains again for those seconds too, each seed beside the others', since this CPU's speed drifts by ±7 % over hours
-and a clock set by runs hours earlier would favour whichever arm ran at the faster time); `--convention 6n` matches the
-budget in the paper's 6N instead (attention free: the accounting lever's control, its runs in directories of their own);
---arms picks some arms only; `--clock --series NAME` trains a new set of clock runs paired only among themselves (e.g.
-learned-ngrams beside bpe-lm-ngrams, after the first set paired learned with flat). `evaluate` scores every finished
-final run on the test split after its first 256 KB (which earlier screens read many times), 512 KB of it, per document,
-and on validation, into experiments/allocation/records.jsonl. `retire` moves aside the final runs a later sweep stage
-made stale (they trained another model than their method's allocation now gives: saved configs compared) and marks
-their records retired: kept and listed, out of the tables and the README, so `final` trains those arms again; and the
-stale clock sweeps, their cells' records marked retired too (listed in the sweep table). When a later sweep goes back
-to a retired run's or clock sweep's settings, `retire` returns it to its place and clears its records' mark instead
-of training the same model again (CPU training is deterministic). `restore` rebuilds OUT's bookkeeping from the
-committed records when its run directories are gone (a new machine): the sweeps' cells and the finished final runs,
-so the allocations stand and nothing finished trains again, and the retired ones in OUT/retired/, so `retire` can
-still reinstate them. `report` prints the tables (`levers_table`: what each
-lever changed, for docs/results.md): test BPB per method, the paired t-interval over seeds against `flat` and `bpe-lm`
-(and learned's against it), and a paired bootstrap over documents (each document's bits averaged over seeds) for the
-same pairs.
+n-gram variant, `--ngrams`, with learned-ngrams-chunks, the chunk embedding's arm) at its allocation with --seeds (5 for
+learned, uniform, flat and bpe-lm, 3 for the others by default) to the budget times --scale; with --clock each trains
+instead for the median training seconds of the flat model with the same embeddings at that scale (the matched
+wall-clock view; that flat arm's FLOPs runs must be finished first; it trains again for those seconds too, each seed
+beside the others', since this CPU's speed drifts by ±7 % over hours and a clock set by runs hours earlier would favour
+whichever arm ran at the faster time); `--convention 6n` matches the budget in the paper's 6N instead (attention free:
+the accounting lever's control, its runs in directories of their own); --arms picks some arms only; `--clock --series
+NAME` trains a new set of clock runs paired only among themselves (e.g. learned-ngrams beside bpe-lm-ngrams, after the
+first set paired learned with flat). `evaluate` scores every finished final run on the test split after its first 256
+KB (which earlier screens read many times), 512 KB of it, per document, and on validation, into
+experiments/allocation/records.jsonl. `retire` moves aside the final runs a later sweep stage made stale (they trained
+another model than their method's allocation now gives: saved configs compared) and marks their records retired: kept
+and listed, out of the tables and the README, so `final` trains those arms again; and the stale clock sweeps, their
+cells' records marked retired too (listed in the sweep table). When a later sweep goes back to a retired run's or clock
+sweep's settings, `retire` returns it to its place and clears its records' mark instead of training the same model
+again (CPU training is deterministic). `restore` rebuilds OUT's bookkeeping from the committed records when its run
+directories are gone (a new machine): the sweeps' cells and the finished final runs, so the allocations stand and
+nothing finished trains again, and the retired ones in OUT/retired/, so `retire` can still reinstate them. `report`
+prints the tables (`levers_table`: what each lever changed, for docs/results.md): test BPB per method, the paired
+t-interval over seeds against `flat` and `bpe-lm` (and learned's against it), and a paired bootstrap over documents
+(each document's bits averaged over seeds) for the same pairs.
 Everything resumes: finished cells and runs are skipped, an interrupted one continues from its checkpoint. Settings are
 chosen on validation only.
 """
@@ -85,6 +85,9 @@ SKIP_BYTES = 262_144
 """Test bytes left out: the first 256 KB, which every earlier screen read."""
 TEST_BYTES = 524_288
 NGRAMS = ["--ngram-sizes", "3", "4", "5", "6", "7", "8"]
+CHUNKS = {"learned-ngrams-chunks": ["--chunk-table", "16384"]}
+"""The chunk-embedding lever's arm and its flags: learned-ngrams plus a hashed embedding of each token's bytes at
+the token level, at learned-ngrams' allocation (no sweep of its own), paired with learned-ngrams by seed."""
 
 METHODS: dict[str, list[str]] = {
     "learned": ["--policy-window", "1", "--value-baseline"],  # the headline policy (learned-w1-vb)
@@ -489,7 +492,7 @@ def _arms(ngrams: bool) -> list[tuple[str, str, bool]]:
     lever."""
     out = [(m, m, False) for m in METHODS]
     if ngrams:
-        out += [(f"{m}-ngrams", m, True) for m in METHODS]
+        out += [(f"{m}-ngrams", m, True) for m in METHODS] + [(arm, "learned", True) for arm in CHUNKS]
     return out
 
 
@@ -523,10 +526,11 @@ def _other_allocation(run: Path, done: dict | None, flags: list[str]) -> bool:
 def _judged(out: Path, run: Path) -> tuple[dict | None, list[str], bool]:
     """A final run's final.json (None if unfinished), the flags its method's allocation now gives, and whether it
     trained, or began training, another model than those build. The run may sit in OUT/retired/."""
-    method, ngrams = {arm: (m, ng) for arm, m, ng in _arms(True)}[run.name.removeprefix("final-").rsplit("-x", 1)[0]]
+    arm = run.name.removeprefix("final-").rsplit("-x", 1)[0]
+    method, ngrams = {a: (m, ng) for a, m, ng in _arms(True)}[arm]
     done = json.loads((run / "final.json").read_text()) if (run / "final.json").exists() else None
     now = _flags(method, allocation(out, method, clock=WALLOC + "-" in run.name, strict=False, ngrams=ngrams),
-                 ngrams)[2:]
+                 ngrams)[2:] + CHUNKS.get(arm, [])
     return done, now, _other_allocation(run, done, now)
 
 
@@ -603,7 +607,7 @@ def cmd_final(args) -> None:
             chosen = allocation(args.out, method, clock=at_clock, ngrams=ngrams)
             if at_clock and not chosen:
                 sys.exit(f"--allocation clock: {method} has no clock sweep yet (`sweep --clock --methods {method}`)")
-            flags = _flags(method, chosen, ngrams)[2:]  # train_arm adds --preset small
+            flags = _flags(method, chosen, ngrams)[2:] + CHUNKS.get(arm, [])  # train_arm adds --preset small
             if _other_allocation(run, done, flags):
                 why = (f"trained with {' '.join(done['flags'])}, but the allocation now gives {' '.join(flags)}: the "
                        "seeds of one arm must train one model" if done else f"is an unfinished run of another "
@@ -892,7 +896,7 @@ def _tables(rows: list[dict]) -> list[str]:
 
         for arm in sorted(by, key=lambda a: statistics.mean(r["test"]["bpb"] for r in by[a].values())):
             rs = list(by[arm].values())
-            variant = "-ngrams" if arm.endswith("-ngrams") else ""  # against the baselines with the same lever
+            variant = "-ngrams" if "-ngrams" in arm else ""  # against the baselines with the same lever
             flat_t, flat_b = vs(arm, "flat" + variant)
             bpe_t, bpe_b = vs(arm, "bpe-lm" + variant)
             learned_t, learned_b = vs("learned" + variant, arm)
@@ -1003,6 +1007,9 @@ def _lever_rows(recs: list[dict], screen: dict, walloc: set[str]) -> list[tuple[
             change = _change(_gap(view, "learned-ngrams", f"{b}-ngrams"), _gap(view, "learned", b))
             if change:
                 rows.append(("n-gram embeddings", f"learned − {b}", where, change))
+    for arm in CHUNKS:  # learned's difference to every other arm moves by the same
+        if change := _change(total.get(arm, {}), total.get("learned-ngrams", {})):
+            rows.append(("chunk embedding", "learned-ngrams", "its own allocation", change))
     add("allocation: own instead of the preset's", "total FLOPs", total, screen,
         sorted(set(total) & set(screen)) + GAPS)
     for conv in ("6n", "6n-padded"):
@@ -1178,7 +1185,8 @@ def main() -> None:
     f.add_argument("--allocation", choices=("flops", "clock"), default="flops",
                    help="the allocation each arm trains at: the FLOPs sweep's, or (with --clock and a --series) the "
                    "clock sweep's, each method's wall-clock optimum (run directories ...-walloc-clock-SERIES-seedS)")
-    f.add_argument("--ngrams", action="store_true", help="also each n-gram variant")
+    f.add_argument("--ngrams", action="store_true", help="also each n-gram variant, and learned-ngrams-chunks (the "
+                   "chunk embedding on top, at learned-ngrams' allocation)")
     f.add_argument("--arms", nargs="+", choices=[a for a, _, _ in _arms(True)],
                    help="only these arms (e.g. learned-ngrams flat-ngrams); default: all")
     f.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS))
