@@ -176,6 +176,12 @@ def _flags(method: str, allocation: dict[str, str] | None = None, ngrams: bool =
     return ["--preset", "small", *METHODS[method], *rate, *more, *(NGRAMS if ngrams else [])]
 
 
+def _arm_flags(arm: str, method: str, allocation: dict[str, str], ngrams: bool) -> list[str]:
+    """A final arm's training flags after `--preset small` (which train_arm adds): its method's at `allocation`,
+    and the chunk table for a CHUNKS arm. `final` trains with them and `retire` judges a run by them."""
+    return _flags(method, allocation, ngrams)[2:] + CHUNKS.get(arm, [])
+
+
 def _sweep_dir(out: Path, method: str, stage: int, clock: bool = False, ngrams: bool = False) -> Path:
     """sweepSTAGE-METHOD; sweepSTAGEc-METHOD for the sweep at matched seconds, sweepSTAGEn-METHOD for stage 2 with
     the n-gram tables."""
@@ -529,8 +535,8 @@ def _judged(out: Path, run: Path) -> tuple[dict | None, list[str], bool]:
     arm = run.name.removeprefix("final-").rsplit("-x", 1)[0]
     method, ngrams = {a: (m, ng) for a, m, ng in _arms(True)}[arm]
     done = json.loads((run / "final.json").read_text()) if (run / "final.json").exists() else None
-    now = _flags(method, allocation(out, method, clock=WALLOC + "-" in run.name, strict=False, ngrams=ngrams),
-                 ngrams)[2:] + CHUNKS.get(arm, [])
+    now = _arm_flags(arm, method, allocation(out, method, clock=WALLOC + "-" in run.name, strict=False,
+                                             ngrams=ngrams), ngrams)
     return done, now, _other_allocation(run, done, now)
 
 
@@ -607,7 +613,7 @@ def cmd_final(args) -> None:
             chosen = allocation(args.out, method, clock=at_clock, ngrams=ngrams)
             if at_clock and not chosen:
                 sys.exit(f"--allocation clock: {method} has no clock sweep yet (`sweep --clock --methods {method}`)")
-            flags = _flags(method, chosen, ngrams)[2:] + CHUNKS.get(arm, [])  # train_arm adds --preset small
+            flags = _arm_flags(arm, method, chosen, ngrams)
             if _other_allocation(run, done, flags):
                 why = (f"trained with {' '.join(done['flags'])}, but the allocation now gives {' '.join(flags)}: the "
                        "seeds of one arm must train one model" if done else f"is an unfinished run of another "
