@@ -370,9 +370,10 @@ def test_allocation_retire_moves_stale_runs_aside_and_keeps_their_records_out_of
     assert records.load(results) == after
 
 
-def test_allocation_study_summary_pairs_seeds_and_names_shapes(tmp_path):
-    """The README's study line: paired over seeds per budget, a verdict from the interval, each method's shape
-    read from its flags; nothing until a pair has two seeds."""
+def test_allocation_study_summary_pairs_seeds_and_says_each_convention(tmp_path):
+    """The README's study line: one sentence per convention, paired over seeds, a verdict from the intervals (the
+    most cautious over a pair's clock series), each method's shape read from its flags; a convention today's runs
+    lack read from stage 1's runs and said so; nothing until a pair has two seeds."""
     alloc = _allocation()
 
     def final(arm, seed, bpb, match="flops-total"):
@@ -389,45 +390,54 @@ def test_allocation_study_summary_pairs_seeds_and_names_shapes(tmp_path):
     records.write(path, [*records.load(path), final("learned-ngrams", 1, 2.05), final("flat-ngrams", 1, 2.2),
                          final("learned-ngrams", 0, 2.3, "time"), final("flat-ngrams", 0, 2.2, "time")])
     line = alloc.study_summary(path)
-    assert "flat FLOPs -0.125 [" in line and "] tie (2)" in line  # t(1) is wide: two seeds tie
-    assert "clock" not in line.split("(clock):")[1]  # the clock budget has one seed only
-    records.write(path, [*records.load(path), final("learned-ngrams", 1, 2.2, "time"),
-                         {**final("flat-ngrams", 1, 2.1, "time"), "budget": {"scale": 1.0, "match": "time",
-                                                                            "time_budget": 1e2, "series": "b"}}])
-    assert "clock" not in alloc.study_summary(path).split("(clock):")[1]  # a series pairs only among its own runs
+    assert "Matched total FLOPs (attention counted): flat -0.125 [" in line
+    assert "] tie (2); learned tied with flat." in line
+    assert "wall-clock" not in line  # the clock budget has one seed only
     series_b = {"scale": 1.0, "match": "time", "time_budget": 1e2, "series": "b"}
+    records.write(path, [*records.load(path), final("learned-ngrams", 1, 2.2, "time"),
+                         {**final("flat-ngrams", 1, 2.1, "time"), "budget": series_b}])
+    assert "wall-clock" not in alloc.study_summary(path)  # a series pairs only among its own runs
     records.write(path, [*records.load(path), {**final("flat-ngrams", 0, 2.2, "time"), "budget": series_b},
                          {**final("learned-ngrams", 0, 2.0, "time"), "budget": series_b},
                          {**final("learned-ngrams", 1, 2.1, "time"), "budget": series_b},
                          final("flat-ngrams", 1, 2.1, "time")])
-    line = alloc.study_summary(path)  # one pair's views together; two clock series of it are told apart
-    assert line.count("flat FLOPs") == 1 and "clock a +0.100 [" in line and "clock b -0.100 [" in line
-    assert "each at its wall-clock" not in line
+    line = alloc.study_summary(path)  # one sentence per convention; two clock series of a pair told apart
+    assert line.count("flat -0.125") == 1 and "wall-clock" not in line.split("Matched wall-clock")[1]
+    clock = line.split("Matched wall-clock (the flat model's seconds): ")[1]
+    assert clock.startswith("flat +0.100 [") and ", series b -0.100 [" in clock
+    assert clock.endswith("; learned behind flat.")  # ahead in series b, behind in a: the cautious verdict
     records.write(path, [*records.load(path), *[{**r, "budget": {**r["budget"], "allocation": "clock"}}
                                                 for r in records.load(path) if r["budget"].get("series") == "b"]])
-    assert "clock b (each at its wall-clock width × depth) -0.100 [" in alloc.study_summary(path)
+    assert ", at each one's wall-clock width × depth -0.100 [" in alloc.study_summary(path)
     assert "without n-grams" not in line
     records.write(path, [*records.load(path), final("learned", 0, 2.4), final("flat", 0, 2.3),
                          final("learned", 1, 2.45), final("flat", 1, 2.3)])
-    assert "without n-grams, learned − flat FLOPs +0.125 [" in alloc.study_summary(path)
+    line = alloc.study_summary(path)
+    assert "; flat without n-grams +0.125 [" in line and "tied with flat and flat without n-grams." in line
     bpe = ["--arch", "token", "--bpe-vocab-size", "4096", "--d-model", "64", "--n-mid", "4", "--bpe-vocab-size", "2048"]
-    records.write(path, [*records.load(path), *[{**final("bpe-lm-ngrams", s, 2.2), "flags": bpe} for s in (0, 1)]])
-    assert "BPE transformer (vocabulary 2,048) FLOPs" in alloc.study_summary(path)  # the allocation's flag, given last
+    records.write(path, [*records.load(path), *[{**final("bpe-lm-ngrams", s, b), "flags": bpe}
+                                                for s, b in ((0, 2.3), (1, 2.36))]])
+    line = alloc.study_summary(path)  # the allocation's flag, given last; the verdict names the method alone
+    assert "; BPE transformer (vocabulary 2,048) -0.305 [" in line
+    assert "learned ahead of BPE transformer, tied with flat and flat without n-grams." in line
     window = ["--byte-window", "4"]  # stage 2 gives learned a byte window: `retire` marks its runs
     records.write(path, [{**r, "retired": {"now": [*r["flags"], *window]}} if r["method"] == "learned" else r
                          for r in records.load(path)])
     line = alloc.study_summary(path)
-    now, before = line.split("At stage 1's allocation")
-    assert "not yet two seeds a pair" in now and "flat FLOPs -0.125 [" in before and "clock a +0.100 [" in before
+    stage_1 = ", so far only at stage 1's allocation (byte window 8, rate 0.2): "
+    assert "At today's allocation: not yet two seeds a pair." in line
+    assert f"Matched total FLOPs (attention counted){stage_1}flat -0.125 [" in line
+    assert f"Matched wall-clock (the flat model's seconds){stage_1}flat +0.100 [" in line
     records.write(path, [*records.load(path), *[{**final("learned-ngrams", s, b), "flags": window}
                                                 for s, b in ((0, 1.9), (1, 2.0))]])
-    now, before = alloc.study_summary(path).split("At stage 1's allocation")
-    assert "flat FLOPs -0.200 [-0.200, -0.200] (2)" in now and "clock" not in now.split("(clock):")[1]
-    assert "flat FLOPs -0.125" in before  # the retired runs against the same flat runs
+    line = alloc.study_summary(path)  # today's FLOPs runs against the same flat runs; the clock still stage 1's
+    assert "Matched total FLOPs (attention counted): flat -0.200 [-0.200, -0.200] (2); BPE" in line
+    assert "(2); learned ahead of flat and BPE transformer." in line  # the plain pair's runs are all retired
+    assert "flat -0.125" not in line and f"Matched wall-clock (the flat model's seconds){stage_1}" in line
     records.write(path, [{k: v for k, v in r.items() if k != "retired"} for r in records.load(path)
                          if r["flags"] != window] + [{**final("learned", 2, 2.0), "retired": {"now": window}}])
     line = alloc.study_summary(path)  # a later stage 2 sent learned back to stage 1's window: said once, today
-    assert line.count("flat FLOPs -0.125") == 1 and "At stage 1's allocation" not in line
+    assert line.count("flat -0.125") == 1 and "stage 1's allocation" not in line
 
 
 def test_allocation_levers_pair_each_lever_over_seeds(tmp_path):

@@ -1037,35 +1037,43 @@ NAMES = {"flat": "flat", "bpe-lm": "BPE transformer", "uniform": "fixed patches"
 SHORT = {"flops-total": "FLOPs", "time": "clock", "flops-6n": "6N", "flops-6n-padded": "padded 6N"}
 
 
-def _study_views(rows: list[dict], walloc: set[str]) -> dict[bool, list[str]]:
-    """learned − each method in STUDY_PAIRS over `rows` with two or more paired seeds, under every view it has
-    (scale, match and clock series), one method's views together; keyed by whether the pair has n-grams."""
+VERDICT = ("ahead of", "tied with", "behind")
+"""What a pair's interval says of learned: below 0 throughout, covering 0, above 0 throughout."""
+CONVENTION = {"flops-total": "matched total FLOPs (attention counted)",
+              "time": "matched wall-clock (the flat model's seconds)",
+              "flops-6n": "matched 6N (the paper's convention: attention free)",
+              "flops-6n-padded": "matched 6N with padded token slots"}
+
+
+def _study_views(rows: list[dict], walloc: set[str]) -> dict[tuple[float, str], list[tuple[str, str, int]]]:
+    """learned − each method in STUDY_PAIRS over `rows` with two or more paired seeds, per view (scale and what
+    the budget matched; a view's clock series side by side): {view: [(name, text, verdict)]}, the verdict an index
+    of VERDICT, the most cautious over a pair's series."""
     by: dict[tuple, dict[str, dict[int, float]]] = {}
     vocab = ""
     for r in rows:
         if "--bpe-vocab-size" in (f := _options(r["flags"])):
             vocab = f" (vocabulary {int(f['--bpe-vocab-size']):,})"  # the allocation's, given last
         by.setdefault(_budget_key(r), {}).setdefault(r["arm"], {})[r["seed"]] = r["test"]["bpb"]
-    parts: dict[bool, list[str]] = {True: [], False: []}
+    views: dict[tuple[float, str], list[tuple[str, str, int]]] = {}
     for a, b in STUDY_PAIRS:
-        found = []  # (scale, match, series, seeds, interval) of every view with two paired seeds
+        found: dict[tuple[float, str], list[tuple[str, list[int], dict]]] = {}
         for (scale, match, _, series), arms_ in sorted(by.items(), key=lambda kv: _view_order(kv[0])):
             seeds, p = _paired(arms_.get(a, {}), arms_.get(b, {}))
             if p is not None:
-                found.append((scale, match, series, seeds, p))
-        views = []
-        for scale, match, series, seeds, p in found:
-            twice = sum(1 for x in found if x[:2] == (scale, match)) > 1  # a second clock series of one pair
-            named = " " + (series or "a") if twice else ""
-            named += " (each at its wall-clock width × depth)" if series in walloc else ""
-            scaled = f" x{scale:g}" if scale != 1 else ""
-            views.append(f"{SHORT[match]}{named}{scaled} {interval_text(p, 3)}{' tie' if p['tie'] else ''} "
-                         f"({len(seeds)})")
+                found.setdefault((scale, match), []).append((series, seeds, p))
         method = b.removesuffix("-ngrams")
-        if views:
-            parts[a.endswith("-ngrams")].append(f"{NAMES[method]}{vocab if method == 'bpe-lm' else ''} "
-                                                + ", ".join(views))
-    return parts
+        name = NAMES[method] + ("" if a.endswith("-ngrams") else " without n-grams")
+        for view, hits in found.items():
+            said, first = [], next((s for s, *_ in hits if s not in walloc), None)
+            for series, seeds, p in hits:
+                named = ("at each one's wall-clock width × depth " if series in walloc
+                         else "" if series == first else f"series {series or 'a'} ")
+                said.append(f"{named}{interval_text(p, 3)}{' tie' if p['tie'] else ''} ({len(seeds)})")
+            verdict = max(1 if p["tie"] else 0 if p["mean"] < 0 else 2 for *_, p in hits)
+            shape = f"{vocab.strip()} " if method == "bpe-lm" else ""
+            views.setdefault(view, []).append((name, shape + ", ".join(said), verdict))
+    return views
 
 
 def _before_stage_2(rows: list[dict]) -> list[dict]:
@@ -1085,33 +1093,37 @@ def _at_stage_1(r: dict) -> bool:
 
 def study_summary(path: Path = RECORDS) -> str | None:
     """The README's line on the study (each method at its own allocation, seeds paired, test BPB after the
-    first 256 KB): learned − each method in STUDY_PAIRS with two or more paired seeds (`_study_views`), and the
-    same at stage 1's allocation once stage 2 retired those runs (where it differs from today's: an arm a later
-    stage 2 sent back to stage 1's window and rate is the same runs); None before any."""
+    first 256 KB), one sentence per convention: learned − each method in STUDY_PAIRS with two or more paired
+    seeds (`_study_views`) and what the intervals say. A convention today's runs do not have yet is read from
+    stage 1's allocation once stage 2 retired those runs, and says so; None before any."""
     from learntok import records
 
     rows = records.load(path)
     walloc = _walloc_series(rows)
     now = _study_views([r for r in rows if not r.get("retired")], walloc)
     stage_1 = _before_stage_2(rows)
-    before = _study_views(stage_1, walloc) if any(r.get("retired") for r in stage_1) else {True: [], False: []}
-    before = {k: [v for v in views if v not in now[k]] for k, views in before.items()}  # today's runs said once
-    if not any(now.values()) and not any(before.values()):
+    before = _study_views(stage_1, walloc) if any(r.get("retired") for r in stage_1) else {}
+    if not now and not before:
         return None
-
-    def said(parts: dict[bool, list[str]]) -> str:
-        plain = f"; without n-grams, learned − {'; '.join(parts[False])}" if parts[False] else ""
-        return "; ".join(parts[True]) + plain
-
     line = ("- Issue 30's study ([§8](docs/results.md#8-every-method-at-its-own-allocation)): every method at its "
-            "own best allocation for the FLOPs budget (width × depth, then the U-Net's byte window and rate: "
-            "validation sweeps) with hashed n-gram embeddings; learned − each on test text no earlier screen read, "
-            "95 % t over seeds (their number in brackets), at matched total FLOPs (attention counted) and at the "
-            "flat model's wall-clock (clock): " + (said(now) if any(now.values()) else "not yet two seeds a pair"))
-    if any(before.values()):
-        line += (". At stage 1's allocation (width × depth only, the preset's byte window 8 and rate 0.2; those "
-                 "runs retired, in §8): " + said(before))
-    return line + "."
+            "own best allocation for the budget (validation sweeps of width × depth, then the U-Net's byte window "
+            "and rate) with hashed byte n-gram embeddings; learned − each in test BPB on text no earlier screen "
+            "read, 95 % t over seeds (their number in brackets).")
+    if not now:
+        line += " At today's allocation: not yet two seeds a pair."
+    for view in sorted(set(now) | set(before), key=lambda v: (v[0], list(VIEWS).index(v[1]))):
+        hits = now.get(view) or before[view]
+        where = "" if view in now else ", so far only at stage 1's allocation (byte window 8, rate 0.2)"
+        scaled = f"At {view[0]:g}× the budget, m" if view[0] != 1 else "M"
+        verdicts = [f"{VERDICT[k]} {_and(names)}" for k in range(3) if (names := [n for n, _, v in hits if v == k])]
+        line += (f" {scaled}{CONVENTION[view[1]][1:]}{where}: " + "; ".join(f"{n} {t}" for n, t, _ in hits)
+                 + f"; learned {', '.join(verdicts)}.")
+    return line
+
+
+def _and(names: list[str]) -> str:
+    """`a`, `a and b`, `a, b and c`."""
+    return " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
 
 
 def summary(path: Path = HERE / "records-preset.jsonl") -> str | None:
