@@ -438,6 +438,13 @@ def test_allocation_study_summary_pairs_seeds_and_says_each_convention(tmp_path)
                          if r["flags"] != window] + [{**final("learned", 2, 2.0), "retired": {"now": window}}])
     line = alloc.study_summary(path)  # a later stage 2 sent learned back to stage 1's window: said once, today
     assert line.count("flat -0.125") == 1 and "stage 1's allocation" not in line
+    x4 = [{**final(arm, s, b), "budget": {"scale": 4.0, "match": "flops-total", "flops_budget": 4e2}}
+          for arm, s, b in (("learned-ngrams", 0, 1.8), ("learned-ngrams", 1, 1.9), ("flat-ngrams", 0, 1.9),
+                            ("flat-ngrams", 1, 2.0))]
+    records.write(path, [*records.load(path), *x4])
+    assert alloc.study_summary(path).endswith(  # the larger budget after every x1 view
+        " At 4× the budget, matched total FLOPs (attention counted): flat -0.100 [-0.100, -0.100] (2); "
+        "learned ahead of flat.")
 
 
 def test_allocation_levers_pair_each_lever_over_seeds(tmp_path):

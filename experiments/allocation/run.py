@@ -1116,9 +1116,10 @@ def study_summary(path: Path = RECORDS) -> str | None:
     for view in sorted(set(now) | set(before), key=lambda v: (v[0], list(VIEWS).index(v[1]))):
         hits = now.get(view) or before[view]
         where = "" if view in now else ", so far only at stage 1's allocation (byte window 8, rate 0.2)"
-        scaled = f"At {view[0]:g}× the budget, m" if view[0] != 1 else "M"
+        matched = CONVENTION[view[1]]
+        matched = f"At {view[0]:g}× the budget, {matched}" if view[0] != 1 else matched[0].upper() + matched[1:]
         verdicts = [f"{VERDICT[k]} {_and(names)}" for k in range(3) if (names := [n for n, _, v in hits if v == k])]
-        line += (f" {scaled}{CONVENTION[view[1]][1:]}{where}: " + "; ".join(f"{n} {t}" for n, t, _ in hits)
+        line += (f" {matched}{where}: " + "; ".join(f"{n} {t}" for n, t, _ in hits)
                  + f"; learned {', '.join(verdicts)}.")
     return line
 
