@@ -538,6 +538,47 @@ def test_allocation_restore_rebuilds_out_from_the_records_and_collect_never_drop
                                                                                             ("3", 0)]
 
 
+def test_allocation_interrupted_clock_runs_train_again_from_step_0(tmp_path, monkeypatch, capsys):
+    """A clock sweep's interrupted cell and an interrupted clock run are deleted before they train again (their
+    budget is seconds: resumed in another sitting they would meet two machine speeds); finished cells stay, and an
+    interrupted run at matched FLOPs still resumes from its checkpoint."""
+    alloc = _allocation()
+
+    def main(*argv):
+        monkeypatch.setattr(sys, "argv", ["run.py", *map(str, argv)])
+        alloc.main()
+
+    for seed in (0, 1):
+        run = alloc._run_dir(tmp_path, "flat-ngrams", 1.0, False, seed)
+        run.mkdir()
+        (run / "final.json").write_text(json.dumps({"train_seconds": 100.0, "flags": []}))
+    sweep = tmp_path / "sweep1c-learned"
+    finished, interrupted = (sweep / f"d-model_{d}__n-heads_2__n-mid_2__seed0" for d in (96, 64))
+    for run in (finished, interrupted):
+        run.mkdir(parents=True)
+        (run / "latest").write_text("step_000500")
+    records.write(sweep / "sweep.jsonl", [records.make("sweep", "d-model_96__n-heads_2__n-mid_2", 0, command="x")])
+    monkeypatch.setattr(alloc, "subprocess", types.SimpleNamespace(run=lambda cmd, **kw: None))
+    main("sweep", "--clock", "--data", tmp_path, "--out", tmp_path, "--methods", "learned")
+    assert finished.exists() and not interrupted.exists()
+    assert f"{interrupted.name}: an interrupted clock run trains again from step 0" in capsys.readouterr().out
+    existed = {}
+
+    def train_arm(run, data, method, **kw):
+        existed[run.name] = run.exists()
+        return {"bytes": 1.0, "train_seconds": 1.0, "command": "x", "provenance": {}}
+
+    monkeypatch.setattr(alloc.arms, "train_arm", train_arm)
+    for clock in (True, False):
+        run = alloc._run_dir(tmp_path, "learned-ngrams", 1.0, clock, 0)
+        run.mkdir()
+        (run / "latest").write_text("step_000500")
+    main("final", "--data", tmp_path, "--out", tmp_path, "--seeds", "0", "--ngrams", "--arms", "learned-ngrams")
+    main("final", "--data", tmp_path, "--out", tmp_path, "--seeds", "0", "--ngrams", "--clock", "--arms",
+         "learned-ngrams")
+    assert existed == {"final-learned-ngrams-x1-seed0": True, "final-learned-ngrams-x1-clock-seed0": False}
+
+
 def test_allocation_clock_sweep_trains_n_gram_cells_for_the_clock_finals_seconds_and_keeps_its_own_optimum(
         tmp_path, monkeypatch, capsys):
     """`sweep --clock` refuses before flat-ngrams' FLOPs runs exist, then runs stage 1 with the n-gram tables,

@@ -3,7 +3,9 @@
 # skipping what is done (records and run directories) and resuming an interrupted run, so after an interruption,
 # or on a new machine, run it again. Sweep cells are collected and final runs scored after each step, so the
 # committed records lose at most the run under way. Clock steps (sweep --clock, final --clock) time themselves:
-# run nothing else on the machine meanwhile.
+# run nothing else on the machine meanwhile. An interrupted clock cell or run trains again from step 0 (resumed in
+# another sitting, its seconds would span two machine speeds), so start the queue early in a sitting when a clock
+# step is next: a clock sweep takes about an hour on 2 cores.
 #
 #   bash experiments/allocation/queue.sh DATA/enwiki [OUT]        # PYTHON=... to pick the interpreter
 set -euo pipefail

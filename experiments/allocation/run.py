@@ -55,8 +55,9 @@ nothing finished trains again, and the retired ones in OUT/retired/, so `retire`
 prints the tables (`levers_table`: what each lever changed, for docs/results.md): test BPB per method, the paired
 t-interval over seeds against `flat` and `bpe-lm` (and learned's against it), and a paired bootstrap over documents
 (each document's bits averaged over seeds) for the same pairs.
-Everything resumes: finished cells and runs are skipped, an interrupted one continues from its checkpoint. Settings are
-chosen on validation only.
+Everything resumes: finished cells and runs are skipped, an interrupted one continues from its checkpoint, except a
+clock sweep's cell or a clock run, which trains again from step 0 (resumed, its seconds would span two machine speeds).
+Settings are chosen on validation only.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -331,11 +333,32 @@ def cmd_sweep(args) -> None:
                 sys.exit(f"{method}: stage 1 has no finished cell; run stage 1 first")
             base = _flags(method, first, ngrams=args.ngrams, rate=method not in HAS_RATE)
         where = _sweep_dir(args.out, method, args.stage, args.clock, args.ngrams)
+        if args.clock:
+            _restart_interrupted_clock_cells(where)
         cmd = [sys.executable, "-m", "learntok", "sweep", str(where),
                *budget_flags, *[x for a in axes for x in ("--axis", a)], "--seeds", *map(str, args.seeds), "--",
                "--data", str(args.data), *base]
         print(f"{method}, stage {args.stage}: " + " ".join(cmd[2:]), flush=True)
         subprocess.run(cmd, check=True)
+
+
+def _restart_interrupted_clock_cells(where: Path) -> None:
+    """Delete a clock sweep's interrupted cells, so they train again from step 0 rather than resume: a cell's
+    budget is its seconds, and one resumed later would have met two machine speeds (this CPU's differ by 1.5-2x
+    between sittings), which the cells it is compared with did not."""
+    from learntok import records
+
+    done = {f"{r['arm']}__seed{r['seed']}" for r in records.load(where / "sweep.jsonl")}
+    for run in sorted(where.glob("*__seed*")):
+        if run.is_dir() and run.name not in done:
+            _restart(run)
+
+
+def _restart(run: Path) -> None:
+    """Delete an interrupted clock run's directory (`_restart_interrupted_clock_cells` says why)."""
+    print(f"{run.name}: an interrupted clock run trains again from step 0 (resumed, its seconds would span two "
+          "machine speeds)", flush=True)
+    shutil.rmtree(run)
 
 
 SWEEP_RECORDS = HERE / "records-sweep.jsonl"
@@ -627,6 +650,8 @@ def cmd_final(args) -> None:
                 if secs is None:
                     sys.exit(f"--clock: the {ref} arm's FLOPs runs at this scale must finish first")
                 kw = {"time_budget": secs}
+                if run.exists():
+                    _restart(run)
             else:
                 kw = {"flops_budget": budget(args.scale, args.budget_bytes, args.convention),
                       "flops_convention": args.convention}
