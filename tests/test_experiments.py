@@ -557,7 +557,8 @@ def test_allocation_interrupted_clock_runs_train_again_from_step_0(tmp_path, mon
     for run in (finished, interrupted):
         run.mkdir(parents=True)
         (run / "latest").write_text("step_000500")
-    records.write(sweep / "sweep.jsonl", [records.make("sweep", "d-model_96__n-heads_2__n-mid_2", 0, command="x")])
+    records.write(sweep / "sweep.jsonl", [records.make("sweep", "d-model_96__n-heads_2__n-mid_2", 0, command="x",
+                                                       axes={"d-model": "96", "n-heads": "2", "n-mid": "2"})])
     monkeypatch.setattr(alloc, "subprocess", types.SimpleNamespace(run=lambda cmd, **kw: None))
     main("sweep", "--clock", "--data", tmp_path, "--out", tmp_path, "--methods", "learned")
     assert finished.exists() and not interrupted.exists()

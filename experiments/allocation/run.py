@@ -347,8 +347,9 @@ def _restart_interrupted_clock_cells(where: Path) -> None:
     budget is its seconds, and one resumed later would have met two machine speeds (this CPU's differ by 1.5-2x
     between sittings), which the cells it is compared with did not."""
     from learntok import records
+    from learntok.cli.sweep import cell_name
 
-    done = {f"{r['arm']}__seed{r['seed']}" for r in records.load(where / "sweep.jsonl")}
+    done = {cell_name(r["axes"], r["seed"]) for r in records.load(where / "sweep.jsonl")}
     for run in sorted(where.glob("*__seed*")):
         if run.is_dir() and run.name not in done:
             _restart(run)
@@ -1096,7 +1097,7 @@ def _study_views(rows: list[dict], walloc: set[str]) -> dict[tuple[float, str], 
             for series, seeds, p in hits:
                 named = ("at each one's wall-clock width × depth " if series in walloc
                          else "" if series == first else f"series {series or 'a'} ")
-                said.append(f"{named}{interval_text(p, 3)}{' tie' if p['tie'] else ''} ({len(seeds)})")
+                said.append(f"{named}{interval_text(p, 3, tie=True)} ({len(seeds)})")
             verdict = max(1 if p["tie"] else 0 if p["mean"] < 0 else 2 for *_, p in hits)
             shape = f"{vocab.strip()} " if method == "bpe-lm" else ""
             views.setdefault(view, []).append((name, shape + ", ".join(said), verdict))

@@ -312,8 +312,7 @@ def planted_table(path: Path = PLANTED_RECORDS) -> str:
         d = [var[s]["at"][k]["bpb"] - fix[s]["at"][k]["bpb"] for s in var if s in fix]
         if len(d) >= 2:
             p = paired_interval(d)
-            lines.append(f"| {k} × word rate | {interval_text(p)}"
-                         f"{' tie' if p['tie'] else ''} ({len(d)} seeds) |")
+            lines.append(f"| {k} × word rate | {interval_text(p, tie=True)} ({len(d)} seeds) |")
     return "\n".join(lines) + "\n"
 
 
