@@ -281,6 +281,22 @@ def test_allocation_final_clock_matches_the_flat_arm_with_the_same_embeddings(tm
         alloc.main()
 
 
+def test_allocation_run_names_give_back_arm_and_seed_whatever_the_series(tmp_path):
+    """A final run's directory name gives back its arm and seed (what `evaluate` records and `retire` judges) for
+    every scale, convention, allocation and clock series, a series named like the scale tag included (series x's
+    first records were named `learned-ngrams-x1-walloc-clock`), and a retired copy's `-N`."""
+    alloc = _allocation()
+    views = ((1.0, False, "", "total", "flops"), (0.5, False, "", "total", "flops"),
+             (4.0, False, "", "6n", "flops"), (1.0, True, "x", "total", "clock"),
+             (1.0, True, "x1", "total", "flops"), (1.0, True, "w", "total", "clock"))
+    for arm in ("learned-ngrams", "bpe-lm-ngrams", "learned-ngrams-chunks", "flat"):
+        for view in views:
+            name = alloc._run_dir(tmp_path, arm, view[0], view[1], 3, *view[2:]).name
+            assert alloc._parse_run(name) == alloc._parse_run(f"{name}-2") == (arm, 3), name
+    with pytest.raises(SystemExit, match="not a final run's directory name"):
+        alloc._parse_run("final-learned-seed0")
+
+
 def test_allocation_chunk_arm_trains_learned_ngrams_allocation_with_the_chunk_table(tmp_path, monkeypatch):
     """learned-ngrams-chunks (the chunk embedding's lever) trains learned-ngrams' allocation and flags plus the
     chunk table, so the two pair by seed; `retire` judges it by those flags: left alone while learned's allocation
@@ -445,6 +461,13 @@ def test_allocation_study_summary_pairs_seeds_and_says_each_convention(tmp_path)
     assert alloc.study_summary(path).endswith(  # the larger budget after every x1 view
         " At 4× the budget, matched total FLOPs (attention counted): flat -0.100 [-0.100, -0.100] (2); "
         "learned ahead of flat.")
+    half = [{**r, "budget": {**r["budget"], "scale": 0.5}, "test": {**r["test"], "bpb": r["test"]["bpb"] + 0.3}}
+            for r in x4[:2]] + [{**r, "budget": {**r["budget"], "scale": 0.5}} for r in x4[2:]]
+    records.write(path, [*records.load(path), *half])
+    line = alloc.study_summary(path)  # a smaller budget after the x1 views too, then the larger
+    assert " At 0.5× the budget, matched total FLOPs (attention counted): flat +0.200 [+0.200, +0.200] (2); " \
+           "learned behind flat. At 4× the budget" in line
+    assert line.index("At 0.5×") > line.index("Matched wall-clock")
 
 
 def test_allocation_levers_pair_each_lever_over_seeds(tmp_path):
@@ -453,11 +476,11 @@ def test_allocation_levers_pair_each_lever_over_seeds(tmp_path):
     clock: wall-clock − total FLOPs), a t-interval from two seeds and one seed's difference marked as such."""
     alloc = _allocation()
 
-    def final(arm, seed, bpb, match="flops-total", series=""):
+    def final(arm, seed, bpb, match="flops-total", series="", scale=1.0):
         test = {"bpb": bpb, "bytes": 2, "per_document": {"documents": [0, 1], "bits": [bpb] * 2, "bytes": [1, 1]}}
         return records.make("allocation", arm, seed, command="x", method=arm.removesuffix("-ngrams"), flags=[],
                             test=test, val={"bpb": bpb}, train_seconds=1.0,
-                            budget={"scale": 1.0, "match": match, "flops_budget": 1e2,
+                            budget={"scale": scale, "match": match, "flops_budget": 1e2,
                                     **({"series": series} if series else {})})
 
     path, preset = tmp_path / "records.jsonl", tmp_path / "preset.jsonl"
@@ -466,7 +489,10 @@ def test_allocation_levers_pair_each_lever_over_seeds(tmp_path):
                          final("learned", 0, 2.3), final("flat", 0, 2.2),
                          final("learned-ngrams", 0, 1.85, "flops-6n"), final("flat-ngrams", 0, 1.85, "flops-6n"),
                          final("learned-ngrams", 0, 1.7, "time", "c"), final("learned-ngrams", 1, 1.8, "time", "c"),
-                         final("learned-ngrams-chunks", 0, 1.75), final("learned-ngrams-chunks", 1, 1.86)])
+                         final("learned-ngrams-chunks", 0, 1.75), final("learned-ngrams-chunks", 1, 1.86),
+                         *[final(arm, s, b, scale=4.0) for arm, s, b in (
+                             ("learned-ngrams", 0, 1.6), ("learned-ngrams", 1, 1.7),
+                             ("flat-ngrams", 0, 1.8), ("flat-ngrams", 1, 2.0))]])
     records.write(preset, [final("learned-ngrams", 0, 2.0), final("flat-ngrams", 0, 2.2)])
     rows = {tuple(c.strip() for c in line.split("|")[1:4]): line.split("|")[4:6]
             for line in alloc.levers_table(path, preset).splitlines()[2:]}
@@ -483,6 +509,8 @@ def test_allocation_levers_pair_each_lever_over_seeds(tmp_path):
     assert n.strip() == "2" and text.startswith(" -0.0450 [")
     chunks = next(line for line in alloc.report(path).splitlines() if line.startswith("| learned-ngrams-chunks | 2 |"))
     assert chunks.split("|")[7].startswith(" -0.1950 [")  # − flat-ngrams (-0.15, -0.24), not plain flat (1 seed)
+    n, text = rows["budget: 4× instead of 1×", "learned-ngrams − flat-ngrams", "total FLOPs, x1 allocation"]
+    assert n.strip() == "2" and text.startswith(" -0.1000 [-0.1000, -0.1000]")  # gap -0.2, -0.3 at 4x; -0.1, -0.2
     assert alloc.levers_table(tmp_path / "none.jsonl", tmp_path / "none.jsonl") == "(no paired runs yet)\n"
 
 
@@ -996,8 +1024,9 @@ def test_headline_controls_pair_each_control_with_the_pairs_seeds(monkeypatch):
 def test_allocation_queue_runs_the_study_in_order_and_saves_after_every_step(tmp_path):
     """experiments/allocation/queue.sh (the study's remaining steps, run again after any interruption) restores
     OUT first, collects after every sweep and scores after every final call, retires after stage 2 before any
-    final, gives whitespace 3 seeds where the others get 5, runs the headline's controls with leaderboard's, and
-    last the 4x budget's four n-gram arms at matched FLOPs with 3 seeds."""
+    final, gives whitespace 3 seeds where the others get 5, runs half the budget's five n-gram arms right after clock
+    series x, the headline's controls with leaderboard's, and last the 4x budget's five n-gram arms, both at matched
+    FLOPs with 3 seeds."""
     log = tmp_path / "calls"
     stub = tmp_path / "python"
     stub.write_text(f'#!/bin/bash\necho "$(basename "$(dirname "$1")")/$(basename "$1") ${{*:2}}" >> {log}\n')
@@ -1027,10 +1056,18 @@ def test_allocation_queue_runs_the_study_in_order_and_saves_after_every_step(tmp
     assert seeds["learned-ngrams", True, False, "1"] == seeds["uniform-ngrams", False, False, "1"] == set(range(5))
     assert seeds["whitespace", False, False, "1"] == {0, 1, 2} and seeds["learned", False, False, "1"] == set(range(5))
     assert seeds["learned-ngrams-chunks", False, False, "1"] == {0, 1, 2}
-    assert {arm for arm, clock, _, scale in seeds if scale == "4"} == {
-        "learned-ngrams", "flat-ngrams", "bpe-lm-ngrams", "uniform-ngrams"}
-    assert all(seeds[key] == {0, 1, 2} and not key[1] for key in seeds if key[3] == "4")
-    x4 = [i for i, c in enumerate(calls) if c[1] == "final" and "--scale" in c]
-    assert min(x4) > max(i for i, c in enumerate(calls) if c[1] == "final" and "--scale" not in c)
+    for scale in ("4", "0.5"):
+        assert {arm for arm, clock, _, s in seeds if s == scale} == {
+            "learned-ngrams", "flat-ngrams", "bpe-lm-ngrams", "uniform-ngrams", "whitespace-ngrams"}
+        assert all(seeds[key] == {0, 1, 2} and not key[1] for key in seeds if key[3] == scale)
+
+    def given(c: list[str], flag: str) -> str | None:
+        return c[c.index(flag) + 1] if flag in c else None
+
+    at = {s: [i for i, c in enumerate(calls) if c[1] == "final" and given(c, "--scale") == s] for s in ("4", "0.5")}
+    assert min(at["4"]) > max(i for i, c in enumerate(calls) if c[1] == "final" and "--scale" not in c)
+    series_x = [i for i, c in enumerate(calls) if c[1] == "final" and given(c, "--series") == "x"]
+    first_control = next(i for i, c in enumerate(calls) if c[0] == "leaderboard/run.py")
+    assert max(series_x) < min(at["0.5"]) and max(at["0.5"]) < first_control  # it reads series x, before the rest
     controls = [c for c in calls if c[0] == "leaderboard/run.py"]
     assert [c[c.index("--arms") + 1] for c in controls] == ["uniform-ee", "learned-w1-vb-padded"]

@@ -537,6 +537,19 @@ def _run_dir(out: Path, arm: str, scale: float, clock: bool, seed: int | str, se
     return out / f"final-{arm}-x{scale:g}{tag}{'-clock' if clock else ''}{'-' + series if series else ''}-seed{seed}"
 
 
+_RUN_NAME = re.compile(r"final-(?P<arm>.+?)-x[0-9.e+]+(?:-.*)?-seed(?P<seed>[0-9]+)(?:-[0-9]+)?")
+
+
+def _parse_run(name: str) -> tuple[str, int]:
+    """(arm, seed) of a final run's directory name (`_run_dir`'s; in OUT/retired/ perhaps with a `-N` that keeps
+    two retired copies apart): the arm ends at the first scale tag `-xSCALE`, so a clock series may have any name
+    (series `x` was once read as a scale tag)."""
+    m = _RUN_NAME.fullmatch(name)
+    if not m:
+        sys.exit(f"not a final run's directory name: {name}")
+    return m["arm"], int(m["seed"])
+
+
 def _trained(out: Path, arm: str, scale: float, clock: bool, seed: int, series: str = "",
              convention: str = "total", allocated: str = "flops") -> dict | None:
     path = _run_dir(out, arm, scale, clock, seed, series, convention, allocated) / "final.json"
@@ -556,7 +569,7 @@ def _other_allocation(run: Path, done: dict | None, flags: list[str]) -> bool:
 def _judged(out: Path, run: Path) -> tuple[dict | None, list[str], bool]:
     """A final run's final.json (None if unfinished), the flags its method's allocation now gives, and whether it
     trained, or began training, another model than those build. The run may sit in OUT/retired/."""
-    arm = run.name.removeprefix("final-").rsplit("-x", 1)[0]
+    arm, _ = _parse_run(run.name)
     method, ngrams = {a: (m, ng) for a, m, ng in _arms(True)}[arm]
     done = json.loads((run / "final.json").read_text()) if (run / "final.json").exists() else None
     now = _arm_flags(arm, method, allocation(out, method, clock=WALLOC + "-" in run.name, strict=False,
@@ -689,8 +702,8 @@ def cmd_evaluate(args) -> None:
             seqs = ByteSequences(load_split(cfg.data, split)[1], cfg.data.seq_len, cfg.data.pack,
                                  annotate=model.boundary.annotator)
             scores[split] = heldout_bpb(model, seqs, BoundaryMode(), **kw)
-        arm, seed = run.name.removeprefix("final-").rsplit("-seed", 1)
-        rec = records.make(STUDY, arm.rsplit("-x", 1)[0], int(seed), command=res.pop("command"),
+        arm, seed = _parse_run(run.name)
+        rec = records.make(STUDY, arm, seed, command=res.pop("command"),
                            prov=res.pop("provenance"), run=run.name, run_dir=str(run.resolve()), **res,
                            val=scores["val"], test=scores["test"])
         records.append(args.results, rec)
@@ -709,8 +722,9 @@ def _budget_key(r: dict) -> tuple[float, str, float, str]:
 
 
 def _view_order(key: tuple[float, str, float, str]) -> tuple:
-    """Tables by scale, then total FLOPs, wall-clock (its series in turn) and the 6N conventions."""
-    return key[0], list(VIEWS).index(key[1]), key[3], key[2]
+    """Tables by scale (the x1 budget's first, the study's own; then ½x, 4x), then total FLOPs, wall-clock (its
+    series in turn) and the 6N conventions."""
+    return key[0] != 1, key[0], list(VIEWS).index(key[1]), key[3], key[2]
 
 
 def _move_run(run: Path, dest: Path) -> None:
@@ -991,7 +1005,8 @@ def levers_table(path: Path = RECORDS, preset: Path = PRESET_RECORDS) -> str:
     learned's difference to each method with the same embeddings. Levers: the n-gram tables (an arm with them −
     the arm without, at its own allocation and in the preset's shape); the allocation (its own width × depth −
     the small preset's shape, the first screen's runs); the accounting (matched total FLOPs − matched 6N,
-    attention free); the clock (matched wall-clock − matched total FLOPs, per clock series). The same again at
+    attention free); the clock (matched wall-clock − matched total FLOPs, per clock series); the budget (½x or 4x
+    the FLOPs − x1, each arm at its x1 allocation). The same again at
     stage 1's allocation (the runs stage 2 retired, `_before_stage_2`) where it differs, and stage 2's own lever:
     today's runs − those, at matched total FLOPs."""
     from learntok import records
@@ -1055,6 +1070,9 @@ def _lever_rows(recs: list[dict], screen: dict, walloc: set[str]) -> list[tuple[
             own = " (wall-clock allocations)" if series in walloc else ""  # two levers at once: clock and shape
             add("wall-clock instead of total FLOPs", f"clock series {series or 'a'}{own}", clock, total,
                 sorted(clock) + GAPS)
+    for (scale, match, series), view in sorted(now.items()):  # compute: where learned's lead grows or shrinks
+        if scale != 1.0 and match == "flops-total" and not series:
+            add(f"budget: {scale:g}× instead of 1×", "total FLOPs, x1 allocation", view, total, sorted(view) + GAPS)
     return rows
 
 
@@ -1108,8 +1126,9 @@ def _before_stage_2(rows: list[dict]) -> list[dict]:
     """The final runs as they stood at stage 1's allocation (the preset's byte window and rate): those `retire`
     moved aside when stage 2 gave their method a byte window, beside the current runs at that window and rate (the
     methods stage 2 gives none, flat and the BPE transformer, which they were paired with, and the arms a later
-    stage 2 sent back to it)."""
-    return [r for r in rows if _at_stage_1(r) and (not r.get("retired") or "--byte-window" in r["retired"]["now"])]
+    stage 2 sent back to it); at the x1 budget, the only one stage 1's runs trained at."""
+    return [r for r in rows if _at_stage_1(r) and _budget_key(r)[0] == 1
+            and (not r.get("retired") or "--byte-window" in r["retired"]["now"])]
 
 
 def _at_stage_1(r: dict) -> bool:
@@ -1139,7 +1158,7 @@ def study_summary(path: Path = RECORDS) -> str | None:
             "read, 95 % t over seeds (their number in brackets).")
     if not now:
         line += " At today's allocation: not yet two seeds a pair."
-    for view in sorted(set(now) | set(before), key=lambda v: (v[0], list(VIEWS).index(v[1]))):
+    for view in sorted(set(now) | set(before), key=lambda v: _view_order((*v, 0.0, ""))):
         hits = now.get(view) or before[view]
         where = "" if view in now else ", so far only at stage 1's allocation (byte window 8, rate 0.2)"
         matched = CONVENTION[view[1]]
