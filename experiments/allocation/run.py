@@ -1006,9 +1006,9 @@ def levers_table(path: Path = RECORDS, preset: Path = PRESET_RECORDS) -> str:
     the arm without, at its own allocation and in the preset's shape); the allocation (its own width × depth −
     the small preset's shape, the first screen's runs); the accounting (matched total FLOPs − matched 6N,
     attention free); the clock (matched wall-clock − matched total FLOPs, per clock series); the budget (½x or 4x
-    the FLOPs − x1, each arm at its x1 allocation). The same again at
-    stage 1's allocation (the runs stage 2 retired, `_before_stage_2`) where it differs, and stage 2's own lever:
-    today's runs − those, at matched total FLOPs."""
+    the FLOPs − x1, each arm at its x1 allocation). The same again at stage 1's allocation (the runs stage 2
+    retired, `_before_stage_2`) where it differs, and stage 2's own lever: today's runs − those, at matched total
+    FLOPs."""
     from learntok import records
 
     recs = records.load(path)
