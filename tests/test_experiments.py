@@ -425,6 +425,11 @@ def test_allocation_study_summary_pairs_seeds_and_says_each_convention(tmp_path)
     records.write(path, [*records.load(path), *[{**r, "budget": {**r["budget"], "allocation": "clock"}}
                                                 for r in records.load(path) if r["budget"].get("series") == "b"]])
     assert ", at each one's wall-clock width × depth -0.100 [" in alloc.study_summary(path)
+    only_b = tmp_path / "only_b.jsonl"  # said once when each pair has that one series
+    records.write(only_b, [r for r in records.load(path)
+                           if r["budget"]["match"] != "time" or r["budget"].get("series") == "b"])
+    assert "Matched wall-clock (the flat model's seconds), each method at its wall-clock width × depth: flat -0.100 [" \
+        in alloc.study_summary(only_b)
     assert "without n-grams" not in line
     records.write(path, [*records.load(path), final("learned", 0, 2.4), final("flat", 0, 2.3),
                          final("learned", 1, 2.45), final("flat", 1, 2.3)])

@@ -1091,17 +1091,22 @@ CONVENTION = {"flops-total": "matched total FLOPs (attention counted)",
               "flops-6n-padded": "matched 6N with padded token slots"}
 
 
-def _study_views(rows: list[dict], walloc: set[str]) -> dict[tuple[float, str], list[tuple[str, str, int]]]:
+WALLOC_SAID = "at each one's wall-clock width × depth "
+"""How the README's line names a clock series whose arms trained at their wall-clock allocation."""
+
+
+def _study_views(rows: list[dict], walloc: set[str]) -> dict[tuple[float, str], list[tuple[str, str, int, bool]]]:
     """learned − each method in STUDY_PAIRS over `rows` with two or more paired seeds, per view (scale and what
-    the budget matched; a view's clock series side by side): {view: [(name, text, verdict)]}, the verdict an index
-    of VERDICT, the most cautious over a pair's series."""
+    the budget matched; a view's clock series side by side): {view: [(name, text, verdict, alone)]}, the verdict
+    an index of VERDICT, the most cautious over a pair's series; alone: the pair's one series trained at the
+    wall-clock allocations."""
     by: dict[tuple, dict[str, dict[int, float]]] = {}
     vocab = ""
     for r in rows:
         if "--bpe-vocab-size" in (f := _options(r["flags"])):
             vocab = f" (vocabulary {int(f['--bpe-vocab-size']):,})"  # the allocation's, given last
         by.setdefault(_budget_key(r), {}).setdefault(r["arm"], {})[r["seed"]] = r["test"]["bpb"]
-    views: dict[tuple[float, str], list[tuple[str, str, int]]] = {}
+    views: dict[tuple[float, str], list[tuple[str, str, int, bool]]] = {}
     for a, b in STUDY_PAIRS:
         found: dict[tuple[float, str], list[tuple[str, list[int], dict]]] = {}
         for (scale, match, _, series), arms_ in sorted(by.items(), key=lambda kv: _view_order(kv[0])):
@@ -1112,13 +1117,14 @@ def _study_views(rows: list[dict], walloc: set[str]) -> dict[tuple[float, str], 
         name = NAMES[method] + ("" if a.endswith("-ngrams") else " without n-grams")
         for view, hits in found.items():
             said, first = [], next((s for s, *_ in hits if s not in walloc), None)
+            alone = len(hits) == 1 and hits[0][0] in walloc  # one series, at the wall-clock allocations
             for series, seeds, p in hits:
-                named = ("at each one's wall-clock width × depth " if series in walloc
+                named = (WALLOC_SAID if series in walloc
                          else "" if series == first else f"series {series or 'a'} ")
                 said.append(f"{named}{interval_text(p, 3, tie=True)} ({len(seeds)})")
             verdict = max(1 if p["tie"] else 0 if p["mean"] < 0 else 2 for *_, p in hits)
             shape = f"{vocab.strip()} " if method == "bpe-lm" else ""
-            views.setdefault(view, []).append((name, shape + ", ".join(said), verdict))
+            views.setdefault(view, []).append((name, shape + ", ".join(said), verdict, alone))
     return views
 
 
@@ -1161,10 +1167,14 @@ def study_summary(path: Path = RECORDS) -> str | None:
     for view in sorted(set(now) | set(before), key=lambda v: _view_order((*v, 0.0, ""))):
         hits = now.get(view) or before[view]
         where = "" if view in now else ", so far only at stage 1's allocation (byte window 8, rate 0.2)"
+        if all(alone for *_, alone in hits):  # each pair from one series at the wall-clock allocations: said once
+            hits = [(n, t.replace(WALLOC_SAID, "", 1), v, alone) for n, t, v, alone in hits]
+            where += ", each method at its wall-clock width × depth"
         matched = CONVENTION[view[1]]
         matched = f"At {view[0]:g}× the budget, {matched}" if view[0] != 1 else matched[0].upper() + matched[1:]
-        verdicts = [f"{VERDICT[k]} {_and(names)}" for k in range(3) if (names := [n for n, _, v in hits if v == k])]
-        line += (f" {matched}{where}: " + "; ".join(f"{n} {t}" for n, t, _ in hits)
+        verdicts = [f"{VERDICT[k]} {_and(names)}" for k in range(3)
+                    if (names := [n for n, _, v, _ in hits if v == k])]
+        line += (f" {matched}{where}: " + "; ".join(f"{n} {t}" for n, t, *_ in hits)
                  + f"; learned {', '.join(verdicts)}.")
     return line
 
