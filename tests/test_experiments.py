@@ -1048,14 +1048,20 @@ def test_allocation_queue_runs_the_study_in_order_and_saves_after_every_step(tmp
             assert calls[i + 1][1] == "evaluate"
     finals = [c for c in calls if c[1] == "final"]
     assert calls.index(["allocation/run.py", "retire", "--out", str(tmp_path / "out")]) < calls.index(finals[0])
+
+    def values(c: list[str], flag: str) -> list[str]:
+        """The words after `flag` (which every final call gives) up to the next flag."""
+        after = c[c.index(flag) + 1:]
+        return after[:next((i for i, x in enumerate(after) if x.startswith("--")), len(after))]
+
+    def value(c: list[str], flag: str) -> str | None:
+        return c[c.index(flag) + 1] if flag in c else None
+
     seeds = {}
     for c in finals:
-        after = c[c.index("--seeds") + 1:]
-        given = after[:next((i for i, x in enumerate(after) if x.startswith("--")), len(after))]
-        arms_ = c[c.index("--arms") + 1:]
-        for arm in arms_[:next((i for i, x in enumerate(arms_) if x.startswith("--")), len(arms_))]:
-            for s in given:
-                scale = c[c.index("--scale") + 1] if "--scale" in c else "1"
+        for arm in values(c, "--arms"):
+            for s in values(c, "--seeds"):
+                scale = value(c, "--scale") or "1"
                 seeds.setdefault((arm, "--clock" in c, "--convention" in c, scale), set()).add(int(s))
     assert seeds["whitespace-ngrams", False, False, "1"] == seeds["whitespace-ngrams", True, False, "1"] == {0, 1, 2}
     assert seeds["learned-ngrams", True, False, "1"] == seeds["uniform-ngrams", False, False, "1"] == set(range(5))
@@ -1065,13 +1071,9 @@ def test_allocation_queue_runs_the_study_in_order_and_saves_after_every_step(tmp
         assert {arm for arm, clock, _, s in seeds if s == scale} == {
             "learned-ngrams", "flat-ngrams", "bpe-lm-ngrams", "uniform-ngrams", "whitespace-ngrams"}
         assert all(seeds[key] == {0, 1, 2} and not key[1] for key in seeds if key[3] == scale)
-
-    def given(c: list[str], flag: str) -> str | None:
-        return c[c.index(flag) + 1] if flag in c else None
-
-    at = {s: [i for i, c in enumerate(calls) if c[1] == "final" and given(c, "--scale") == s] for s in ("4", "0.5")}
+    at = {s: [i for i, c in enumerate(calls) if c[1] == "final" and value(c, "--scale") == s] for s in ("4", "0.5")}
     assert min(at["4"]) > max(i for i, c in enumerate(calls) if c[1] == "final" and "--scale" not in c)
-    series_x = [i for i, c in enumerate(calls) if c[1] == "final" and given(c, "--series") == "x"]
+    series_x = [i for i, c in enumerate(calls) if c[1] == "final" and value(c, "--series") == "x"]
     first_control = next(i for i, c in enumerate(calls) if c[0] == "leaderboard/run.py")
     assert max(series_x) < min(at["0.5"]) and max(at["0.5"]) < first_control  # it reads series x, before the rest
     controls = [c for c in calls if c[0] == "leaderboard/run.py"]
