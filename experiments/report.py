@@ -356,6 +356,29 @@ def rates(which: str) -> callable:
     return block
 
 
+def study_cost() -> str:
+    """Issue 30's training time so far, per part of the study, summed from its records' training seconds (retired
+    runs and cells included): what the issue's 10-12 hours bought, and where they went."""
+    alloc, lb = _script("allocation"), _script("leaderboard")
+    parts: dict[str, list[dict]] = {}
+    for r in records.load(alloc.PRESET_RECORDS):
+        parts.setdefault("first screen (every method in the preset's shape)", []).append(r)
+    for r in sorted(records.load(alloc.SWEEP_RECORDS), key=lambda r: (r.get("clock", False), r["stage"])):
+        _, stage, clock, ngrams = alloc._sweep_key(r)
+        part = "matched seconds" if clock else f"stage {stage}{' with the n-gram tables' if ngrams else ''}"
+        parts.setdefault(f"sweep cells, {part}", []).append(r)
+    for r in sorted(records.load(alloc.RECORDS), key=lambda r: alloc._view_order(alloc._budget_key(r))):
+        scale, match, _, _ = alloc._budget_key(r)
+        parts.setdefault(f"final runs, x{scale:g}, {alloc.VIEWS[match]}", []).append(r)
+    parts[f"the headline's confound controls ({lb.HEADLINE[2]:.2g} bytes)".replace("e+0", "e")] = [
+        r for r in _leaderboard() if r["arm"] in lb.CONTROLS and r.get("budget_bytes") == lb.HEADLINE[2]]
+    lines = ["| part | runs | of them retired | training hours |", "|---|---|---|---|"]
+    for part, rs in [*parts.items(), ("**all**", [r for part_rows in parts.values() for r in part_rows])]:
+        lines.append(f"| {part} | {len(rs)} | {sum(1 for r in rs if r.get('retired'))} | "
+                     f"{sum(r['train_seconds'] for r in rs) / 3600:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
 def allocation(records_file: str) -> callable:
     def block() -> str:
         script = _script("allocation")
@@ -365,7 +388,7 @@ def allocation(records_file: str) -> callable:
 
 BLOCKS = {"allocation": allocation("records.jsonl"), "allocation-preset": allocation("records-preset.jsonl"),
           "allocation-sweep": lambda: _script("allocation").sweep_table(),
-          "allocation-levers": lambda: _script("allocation").levers_table(),
+          "allocation-levers": lambda: _script("allocation").levers_table(), "allocation-cost": study_cost,
           "rates": rates("table"), "rates-calibration": rates("calibration"), "rates-screen": rates("screen"),
           "rates-planted": rates("planted"), "rates-levers": rates("levers"), "rates-swap": rates("swap"),
           "embeddings-speed": embeddings_speed,

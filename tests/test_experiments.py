@@ -1026,6 +1026,55 @@ def test_headline_controls_pair_each_control_with_the_pairs_seeds(monkeypatch):
     assert "`learned-w1-vb-padded`, 1 of its 5 declared seeds (14–18): not yet two seeds" in text
 
 
+def test_study_cost_sums_every_records_training_time_by_part_retired_runs_included(monkeypatch, tmp_path):
+    """The study's cost table: each part's runs, retired ones and training hours from the records (retired runs
+    count: they were trained), parts in the study's order, and the headline's controls at its budget only."""
+    sys.path.insert(0, str(Path(arms.__file__).parent))
+    import report
+
+    def write(name, rows):
+        base = {"schema": 1, "study": "allocation", "arm": "flat", "seed": 0, "command": "-", "source": "transcribed",
+                "provenance": {}}
+        records.write(tmp_path / name, [{**base, **r} for r in rows])
+        return tmp_path / name
+
+    def final(scale, match, seconds, **extra):
+        return {"train_seconds": seconds, "budget": {"scale": scale, "match": match, "flops_budget": 1e13}, **extra}
+
+    files = {"PRESET_RECORDS": write("preset.jsonl", [{"train_seconds": 1800}]),
+             "SWEEP_RECORDS": write("sweep.jsonl", [
+                 {"method": "flat", "stage": 1, "clock": True, "train_seconds": 3600, "retired": {"dir": "x"}},
+                 {"method": "flat", "stage": 2, "ngrams": True, "train_seconds": 1800},
+                 {"method": "flat", "stage": 1, "train_seconds": 1800}]),
+             "RECORDS": write("final.jsonl", [final(4, "flops-total", 7200), final(1, "time", 900),
+                                              final(1, "flops-total", 900, retired={"now": []}),
+                                              final(1, "flops-total", 1800)])}
+    real = report._script
+
+    def script(study):
+        module = real(study)
+        if study == "allocation":
+            for name, path in files.items():
+                setattr(module, name, path)
+        return module
+
+    monkeypatch.setattr(report, "_script", script)
+    monkeypatch.setattr(report, "_leaderboard", lambda: (
+        {"arm": "uniform-ee", "budget_bytes": 2.4e7, "train_seconds": 3600},
+        {"arm": "uniform-ee", "budget_bytes": 6e6, "train_seconds": 3600},  # another budget
+        {"arm": "uniform", "budget_bytes": 2.4e7, "train_seconds": 3600}))  # not a control
+    rows = report.study_cost().splitlines()[2:]
+    assert [r.split(" | ")[0].strip("| ") for r in rows] == [
+        "first screen (every method in the preset's shape)", "sweep cells, stage 1",
+        "sweep cells, stage 2 with the n-gram tables", "sweep cells, matched seconds", "final runs, x1, total FLOPs",
+        "final runs, x1, wall-clock", "final runs, x4, total FLOPs", "the headline's confound controls (2.4e7 bytes)",
+        "**all**"]
+    assert rows[3] == "| sweep cells, matched seconds | 1 | 1 | 1.0 |"
+    assert rows[4] == "| final runs, x1, total FLOPs | 2 | 1 | 0.8 |"
+    assert rows[7] == "| the headline's confound controls (2.4e7 bytes) | 1 | 0 | 1.0 |"
+    assert rows[-1] == "| **all** | 9 | 2 | 6.5 |"
+
+
 def test_allocation_queue_runs_the_study_in_order_and_saves_after_every_step(tmp_path):
     """experiments/allocation/queue.sh (the study's remaining steps, run again after any interruption) restores
     OUT first, collects after every sweep and scores after every final call, retires after stage 2 before any
