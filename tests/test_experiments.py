@@ -430,6 +430,12 @@ def test_allocation_study_summary_pairs_seeds_and_says_each_convention(tmp_path)
                            if r["budget"]["match"] != "time" or r["budget"].get("series") == "b"])
     assert "Matched wall-clock (the flat model's seconds), each method at its wall-clock width × depth: flat -0.100 [" \
         in alloc.study_summary(only_b)
+    b = [r for r in records.load(only_b) if r["budget"].get("series") == "b"]  # what the seconds bought, said too
+    records.write(only_b, [r for r in records.load(only_b) if r not in b]
+                  + [{**r, "flops_total": (0.5 + i % 2 / 10) * alloc.budget()} for i, r in enumerate(b)]
+                  + [{**final("flat-ngrams", 2, 2.0, "time"), "flops_total": 1.2 * alloc.budget()}])  # not its series
+    assert "width × depth (in those seconds this CPU gave them 0.50–0.60× the FLOPs budget): flat -0.100 [" \
+        in alloc.study_summary(only_b)
     assert "without n-grams" not in line
     records.write(path, [*records.load(path), final("learned", 0, 2.4), final("flat", 0, 2.3),
                          final("learned", 1, 2.45), final("flat", 1, 2.3)])

@@ -1095,18 +1095,18 @@ WALLOC_SAID = "at each one's wall-clock width × depth "
 """How the README's line names a clock series whose arms trained at their wall-clock allocation."""
 
 
-def _study_views(rows: list[dict], walloc: set[str]) -> dict[tuple[float, str], list[tuple[str, str, int, bool]]]:
+def _study_views(rows: list[dict], walloc: set[str]) -> dict[tuple[float, str], list[tuple[str, str, int, str]]]:
     """learned − each method in STUDY_PAIRS over `rows` with two or more paired seeds, per view (scale and what
     the budget matched; a view's clock series side by side): {view: [(name, text, verdict, alone)]}, the verdict
-    an index of VERDICT, the most cautious over a pair's series; alone: the pair's one series trained at the
-    wall-clock allocations."""
+    an index of VERDICT, the most cautious over a pair's series; alone: the pair's one series when it trained at
+    the wall-clock allocations, else ""."""
     by: dict[tuple, dict[str, dict[int, float]]] = {}
     vocab = ""
     for r in rows:
         if "--bpe-vocab-size" in (f := _options(r["flags"])):
             vocab = f" (vocabulary {int(f['--bpe-vocab-size']):,})"  # the allocation's, given last
         by.setdefault(_budget_key(r), {}).setdefault(r["arm"], {})[r["seed"]] = r["test"]["bpb"]
-    views: dict[tuple[float, str], list[tuple[str, str, int, bool]]] = {}
+    views: dict[tuple[float, str], list[tuple[str, str, int, str]]] = {}
     for a, b in STUDY_PAIRS:
         found: dict[tuple[float, str], list[tuple[str, list[int], dict]]] = {}
         for (scale, match, _, series), arms_ in sorted(by.items(), key=lambda kv: _view_order(kv[0])):
@@ -1117,7 +1117,7 @@ def _study_views(rows: list[dict], walloc: set[str]) -> dict[tuple[float, str], 
         name = NAMES[method] + ("" if a.endswith("-ngrams") else " without n-grams")
         for view, hits in found.items():
             said, first = [], next((s for s, *_ in hits if s not in walloc), None)
-            alone = len(hits) == 1 and hits[0][0] in walloc  # one series, at the wall-clock allocations
+            alone = hits[0][0] if len(hits) == 1 and hits[0][0] in walloc else ""  # one series, wall-clock allocations
             for series, seeds, p in hits:
                 named = (WALLOC_SAID if series in walloc
                          else "" if series == first else f"series {series or 'a'} ")
@@ -1167,9 +1167,12 @@ def study_summary(path: Path = RECORDS) -> str | None:
     for view in sorted(set(now) | set(before), key=lambda v: _view_order((*v, 0.0, ""))):
         hits = now.get(view) or before[view]
         where = "" if view in now else ", so far only at stage 1's allocation (byte window 8, rate 0.2)"
-        if all(alone for *_, alone in hits):  # each pair from one series at the wall-clock allocations: said once
+        series = {alone for *_, alone in hits}
+        if "" not in series:  # each pair from one series at the wall-clock allocations: said once
             hits = [(n, t.replace(WALLOC_SAID, "", 1), v, alone) for n, t, v, alone in hits]
             where += ", each method at its wall-clock width × depth"
+        if view[1] == "time":
+            where += _clock_flops(rows, view, None if "" in series else series)
         matched = CONVENTION[view[1]]
         matched = f"At {view[0]:g}× the budget, {matched}" if view[0] != 1 else matched[0].upper() + matched[1:]
         verdicts = [f"{VERDICT[k]} {_and(names)}" for k in range(3)
@@ -1177,6 +1180,15 @@ def study_summary(path: Path = RECORDS) -> str | None:
         line += (f" {matched}{where}: " + "; ".join(f"{n} {t}" for n, t, *_ in hits)
                  + f"; learned {', '.join(verdicts)}.")
     return line
+
+
+def _clock_flops(rows: list[dict], view: tuple[float, str], series: set[str] | None) -> str:
+    """What the seconds of a clock view bought: the range of its current runs' total FLOPs as a fraction of the
+    view's FLOPs budget (only `series`' runs, when given), since a clock result on a slow machine is also a
+    smaller budget; "" when no run recorded its FLOPs."""
+    got = [r["flops_total"] / budget(view[0]) for r in rows if not r.get("retired") and r.get("flops_total")
+           and _budget_key(r)[:2] == view and (series is None or r["budget"].get("series", "") in series)]
+    return f" (in those seconds this CPU gave them {min(got):.2f}–{max(got):.2f}× the FLOPs budget)" if got else ""
 
 
 def _and(names: list[str]) -> str:
