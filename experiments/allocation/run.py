@@ -1153,7 +1153,8 @@ def study_summary(path: Path = RECORDS) -> str | None:
 
     rows = records.load(path)
     walloc = _walloc_series(rows)
-    now = _study_views([r for r in rows if not r.get("retired")], walloc)
+    current = [r for r in rows if not r.get("retired")]
+    now = _study_views(current, walloc)
     stage_1 = _before_stage_2(rows)
     before = _study_views(stage_1, walloc) if any(r.get("retired") for r in stage_1) else {}
     if not now and not before:
@@ -1172,7 +1173,7 @@ def study_summary(path: Path = RECORDS) -> str | None:
             hits = [(n, t.replace(WALLOC_SAID, "", 1), v, alone) for n, t, v, alone in hits]
             where += ", each method at its wall-clock width × depth"
         if view[1] == "time":
-            where += _clock_flops(rows, view, None if "" in series else series)
+            where += _clock_flops(current if view in now else stage_1, view, None if "" in series else series)
         matched = CONVENTION[view[1]]
         matched = f"At {view[0]:g}× the budget, {matched}" if view[0] != 1 else matched[0].upper() + matched[1:]
         verdicts = [f"{VERDICT[k]} {_and(names)}" for k in range(3)
@@ -1183,11 +1184,11 @@ def study_summary(path: Path = RECORDS) -> str | None:
 
 
 def _clock_flops(rows: list[dict], view: tuple[float, str], series: set[str] | None) -> str:
-    """What the seconds of a clock view bought: the range of its current runs' total FLOPs as a fraction of the
-    view's FLOPs budget (only `series`' runs, when given), since a clock result on a slow machine is also a
+    """What the seconds of a clock view bought: the range of its runs' (among `rows`) total FLOPs as a fraction of
+    the view's FLOPs budget (only `series`' runs, when given), since a clock result on a slow machine is also a
     smaller budget; "" when no run recorded its FLOPs."""
-    got = [r["flops_total"] / budget(view[0]) for r in rows if not r.get("retired") and r.get("flops_total")
-           and _budget_key(r)[:2] == view and (series is None or r["budget"].get("series", "") in series)]
+    got = [r["flops_total"] / budget(view[0]) for r in rows if r.get("flops_total") and _budget_key(r)[:2] == view
+           and (series is None or r["budget"].get("series", "") in series)]
     return f" (in those seconds this CPU gave them {min(got):.2f}–{max(got):.2f}× the FLOPs budget)" if got else ""
 
 
