@@ -1095,20 +1095,24 @@ WALLOC_SAID = "at each one's wall-clock width × depth "
 """How the README's line names a clock series whose arms trained at their wall-clock allocation."""
 
 
-def _study_views(rows: list[dict], walloc: set[str]) -> dict[tuple[float, str], list[tuple[str, str, int, str]]]:
+Hits = list[tuple[str, list[int], dict]]
+"""A pair's differences in one view: (clock series, seeds, interval) for each series that pairs it, in the order
+of `_view_order` (a FLOPs view's one series is "")."""
+
+
+def _study_views(rows: list[dict]) -> dict[tuple[float, str], list[tuple[str, str, Hits]]]:
     """learned − each method in STUDY_PAIRS over `rows` with two or more paired seeds, per view (scale and what
-    the budget matched; a view's clock series side by side): {view: [(name, text, verdict, alone)]}, the verdict
-    an index of VERDICT, the most cautious over a pair's series; alone: the pair's one series when it trained at
-    the wall-clock allocations, else ""."""
+    the budget matched): {view: [(name, shape, hits)]}, the shape what the allocation says beside the name (the
+    BPE transformer's vocabulary)."""
     by: dict[tuple, dict[str, dict[int, float]]] = {}
     vocab = ""
     for r in rows:
         if "--bpe-vocab-size" in (f := _options(r["flags"])):
             vocab = f" (vocabulary {int(f['--bpe-vocab-size']):,})"  # the allocation's, given last
         by.setdefault(_budget_key(r), {}).setdefault(r["arm"], {})[r["seed"]] = r["test"]["bpb"]
-    views: dict[tuple[float, str], list[tuple[str, str, int, str]]] = {}
+    views: dict[tuple[float, str], list[tuple[str, str, Hits]]] = {}
     for a, b in STUDY_PAIRS:
-        found: dict[tuple[float, str], list[tuple[str, list[int], dict]]] = {}
+        found: dict[tuple[float, str], Hits] = {}
         for (scale, match, _, series), arms_ in sorted(by.items(), key=lambda kv: _view_order(kv[0])):
             seeds, p = _paired(arms_.get(a, {}), arms_.get(b, {}))
             if p is not None:
@@ -1116,16 +1120,26 @@ def _study_views(rows: list[dict], walloc: set[str]) -> dict[tuple[float, str], 
         method = b.removesuffix("-ngrams")
         name = NAMES[method] + ("" if a.endswith("-ngrams") else " without n-grams")
         for view, hits in found.items():
-            said, first = [], next((s for s, *_ in hits if s not in walloc), None)
-            alone = hits[0][0] if len(hits) == 1 and hits[0][0] in walloc else ""  # one series, wall-clock allocations
-            for series, seeds, p in hits:
-                named = (WALLOC_SAID if series in walloc
-                         else "" if series == first else f"series {series or 'a'} ")
-                said.append(f"{named}{interval_text(p, 3, tie=True)} ({len(seeds)})")
-            verdict = max(1 if p["tie"] else 0 if p["mean"] < 0 else 2 for *_, p in hits)
-            shape = f"{vocab.strip()} " if method == "bpe-lm" else ""
-            views.setdefault(view, []).append((name, shape + ", ".join(said), verdict, alone))
+            views.setdefault(view, []).append((name, vocab if method == "bpe-lm" else "", hits))
     return views
+
+
+def _pair_text(name: str, shape: str, hits: Hits, walloc: set[str], once: bool) -> str:
+    """One pair's differences in the README's line: each series' interval and seeds, a series named unless it is
+    the view's first at the FLOPs sweep's allocations, or trained at the wall-clock allocations when `once` (the
+    sentence says so for every pair)."""
+    first = next((s for s, *_ in hits if s not in walloc), None)
+    said = []
+    for series, seeds, p in hits:
+        named = (("" if once else WALLOC_SAID) if series in walloc
+                 else "" if series == first else f"series {series or 'a'} ")
+        said.append(f"{named}{interval_text(p, 3, tie=True)} ({len(seeds)})")
+    return f"{name}{shape} {', '.join(said)}"
+
+
+def _verdict(hits: Hits) -> int:
+    """An index of VERDICT for a pair: the most cautious over its series."""
+    return max(1 if p["tie"] else 0 if p["mean"] < 0 else 2 for *_, p in hits)
 
 
 def _before_stage_2(rows: list[dict]) -> list[dict]:
@@ -1154,9 +1168,9 @@ def study_summary(path: Path = RECORDS) -> str | None:
     rows = records.load(path)
     walloc = _walloc_series(rows)
     current = [r for r in rows if not r.get("retired")]
-    now = _study_views(current, walloc)
+    now = _study_views(current)
     stage_1 = _before_stage_2(rows)
-    before = _study_views(stage_1, walloc) if any(r.get("retired") for r in stage_1) else {}
+    before = _study_views(stage_1) if any(r.get("retired") for r in stage_1) else {}
     if not now and not before:
         return None
     line = ("- Issue 30's study ([§8](docs/results.md#8-every-method-at-its-own-allocation)): every method at its "
@@ -1166,19 +1180,19 @@ def study_summary(path: Path = RECORDS) -> str | None:
     if not now:
         line += " At today's allocation: not yet two seeds a pair."
     for view in sorted(set(now) | set(before), key=lambda v: _view_order((*v, 0.0, ""))):
-        hits = now.get(view) or before[view]
+        pairs = now.get(view) or before[view]
         where = "" if view in now else ", so far only at stage 1's allocation (byte window 8, rate 0.2)"
-        series = {alone for *_, alone in hits}
-        if "" not in series:  # each pair from one series at the wall-clock allocations: said once
-            hits = [(n, t.replace(WALLOC_SAID, "", 1), v, alone) for n, t, v, alone in hits]
+        series = {s for *_, hits in pairs for s, *_ in hits}
+        once = all(len(hits) == 1 for *_, hits in pairs) and series <= walloc  # one such series a pair: said once
+        if once:
             where += ", each method at its wall-clock width × depth"
         if view[1] == "time":
-            where += _clock_flops(current if view in now else stage_1, view, None if "" in series else series)
+            where += _clock_flops(current if view in now else stage_1, view, series if once else None)
         matched = CONVENTION[view[1]]
         matched = f"At {view[0]:g}× the budget, {matched}" if view[0] != 1 else matched[0].upper() + matched[1:]
         verdicts = [f"{VERDICT[k]} {_and(names)}" for k in range(3)
-                    if (names := [n for n, _, v, _ in hits if v == k])]
-        line += (f" {matched}{where}: " + "; ".join(f"{n} {t}" for n, t, *_ in hits)
+                    if (names := [n for n, _, hits in pairs if _verdict(hits) == k])]
+        line += (f" {matched}{where}: " + "; ".join(_pair_text(*pair, walloc, once) for pair in pairs)
                  + f"; learned {', '.join(verdicts)}.")
     return line
 
