@@ -371,7 +371,7 @@ def study_cost() -> str:
         scale, match, _, _ = alloc._budget_key(r)
         parts.setdefault(f"final runs, x{scale:g}, {alloc.VIEWS[match]}", []).append(r)
     parts[f"the headline's confound controls ({lb.HEADLINE[2]:.2g} bytes)".replace("e+0", "e")] = [
-        r for r in _leaderboard() if r["arm"] in lb.CONTROLS and r.get("budget_bytes") == lb.HEADLINE[2]]
+        r for (arm, _), r in lb.headline_rows({"arms": _leaderboard()}).items() if arm in lb.CONTROLS]
     lines = ["| part | runs | of them retired | training hours |", "|---|---|---|---|"]
     for part, rs in [*parts.items(), ("**all**", [r for part_rows in parts.values() for r in part_rows])]:
         lines.append(f"| {part} | {len(rs)} | {sum(1 for r in rs if r.get('retired'))} | "

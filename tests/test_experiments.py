@@ -1066,9 +1066,9 @@ def test_study_cost_sums_every_records_training_time_by_part_retired_runs_includ
 
     monkeypatch.setattr(report, "_script", script)
     monkeypatch.setattr(report, "_leaderboard", lambda: (
-        {"arm": "uniform-ee", "budget_bytes": 2.4e7, "train_seconds": 3600},
-        {"arm": "uniform-ee", "budget_bytes": 6e6, "train_seconds": 3600},  # another budget
-        {"arm": "uniform", "budget_bytes": 2.4e7, "train_seconds": 3600}))  # not a control
+        {"arm": "uniform-ee", "seed": 10, "match": "flops", "budget_bytes": 2.4e7, "train_seconds": 3600},
+        {"arm": "uniform-ee", "seed": 11, "match": "flops", "budget_bytes": 6e6, "train_seconds": 3600},  # budget
+        {"arm": "uniform", "seed": 10, "match": "flops", "budget_bytes": 2.4e7, "train_seconds": 3600}))  # no control
     rows = report.study_cost().splitlines()[2:]
     assert [r.split(" | ")[0].strip("| ") for r in rows] == [
         "first screen (every method in the preset's shape)", "sweep cells, stage 1",

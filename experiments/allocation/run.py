@@ -1201,9 +1201,12 @@ def _clock_flops(rows: list[dict], view: tuple[float, str], series: set[str] | N
     """What the seconds of a clock view bought: the range of its runs' (among `rows`) total FLOPs as a fraction of
     the view's FLOPs budget (only `series`' runs, when given), since a clock result on a slow machine is also a
     smaller budget; "" when no run recorded its FLOPs."""
-    got = [r["flops_total"] / budget(view[0]) for r in rows if r.get("flops_total") and _budget_key(r)[:2] == view
+    got = [r["flops_total"] for r in rows if r.get("flops_total") and _budget_key(r)[:2] == view
            and (series is None or r["budget"].get("series", "") in series)]
-    return f" (in those seconds this CPU gave them {min(got):.2f}–{max(got):.2f}× the FLOPs budget)" if got else ""
+    if not got:
+        return ""
+    ref = budget(view[0])  # builds a model: once a view, not once a run
+    return f" (in those seconds this CPU gave them {min(got) / ref:.2f}–{max(got) / ref:.2f}× the FLOPs budget)"
 
 
 def _and(names: list[str]) -> str:
