@@ -1055,16 +1055,8 @@ def test_study_cost_sums_every_records_training_time_by_part_retired_runs_includ
              "RECORDS": write("final.jsonl", [final(4, "flops-total", 7200), final(1, "time", 900),
                                               final(1, "flops-total", 900, retired={"now": []}),
                                               final(1, "flops-total", 1800)])}
-    real = report._script
-
-    def script(study):
-        module = real(study)
-        if study == "allocation":
-            for name, path in files.items():
-                setattr(module, name, path)
-        return module
-
-    monkeypatch.setattr(report, "_script", script)
+    for name, path in files.items():  # report._script is cached: monkeypatch, so later tests read the real records
+        monkeypatch.setattr(report._script("allocation"), name, path)
     monkeypatch.setattr(report, "_leaderboard", lambda: (
         {"arm": "uniform-ee", "seed": 10, "match": "flops", "budget_bytes": 2.4e7, "train_seconds": 3600},
         {"arm": "uniform-ee", "seed": 11, "match": "flops", "budget_bytes": 6e6, "train_seconds": 3600},  # budget
