@@ -469,15 +469,14 @@ def test_allocation_study_summary_pairs_seeds_and_says_each_convention(tmp_path)
           for arm, s, b in (("learned-ngrams", 0, 1.8), ("learned-ngrams", 1, 1.9), ("flat-ngrams", 0, 1.9),
                             ("flat-ngrams", 1, 2.0))]
     records.write(path, [*records.load(path), *x4])
-    assert alloc.study_summary(path).endswith(  # the larger budget after every x1 view
-        " At 4× the budget, matched total FLOPs (attention counted): flat -0.100 [-0.100, -0.100] (2); "
-        "learned ahead of flat.")
+    assert alloc.study_summary(path).endswith(  # the larger budget after every x1 view: its verdict alone
+        " At 4× the budget (matched total FLOPs, each method at its x1 allocation, 2 seeds): learned ahead of flat.")
     half = [{**r, "budget": {**r["budget"], "scale": 0.5}, "test": {**r["test"], "bpb": r["test"]["bpb"] + 0.3}}
             for r in x4[:2]] + [{**r, "budget": {**r["budget"], "scale": 0.5}} for r in x4[2:]]
     records.write(path, [*records.load(path), *half])
     line = alloc.study_summary(path)  # a smaller budget after the x1 views too, then the larger
-    assert " At 0.5× the budget, matched total FLOPs (attention counted): flat +0.200 [+0.200, +0.200] (2); " \
-           "learned behind flat. At 4× the budget" in line
+    assert " At 0.5× the budget (matched total FLOPs, each method at its x1 allocation, 2 seeds): learned behind " \
+           "flat. At 4× the budget" in line
     assert line.index("At 0.5×") > line.index("Matched wall-clock")
 
 

@@ -1161,8 +1161,9 @@ def _at_stage_1(r: dict) -> bool:
 def study_summary(path: Path = RECORDS) -> str | None:
     """The README's line on the study (each method at its own allocation, seeds paired, test BPB after the
     first 256 KB), one sentence per convention: learned − each method in STUDY_PAIRS with two or more paired
-    seeds (`_study_views`) and what the intervals say. A convention today's runs do not have yet is read from
-    stage 1's allocation once stage 2 retired those runs, and says so; None before any."""
+    seeds (`_study_views`) and what the intervals say (at a budget other than x1, whose runs keep the x1
+    allocation, the verdict alone). A convention today's runs do not have yet is read from stage 1's allocation
+    once stage 2 retired those runs, and says so; None before any."""
     from learntok import records
 
     rows = records.load(path)
@@ -1188,12 +1189,16 @@ def study_summary(path: Path = RECORDS) -> str | None:
             where += ", each method at its wall-clock width × depth"
         if view[1] == "time":
             where += _clock_flops(current if view in now else stage_1, view, series if once else None)
-        matched = CONVENTION[view[1]]
-        matched = f"At {view[0]:g}× the budget, {matched}" if view[0] != 1 else matched[0].upper() + matched[1:]
         verdicts = [f"{VERDICT[k]} {_and(names)}" for k in range(3)
                     if (names := [n for n, _, hits in pairs if _verdict(hits) == k])]
-        line += (f" {matched}{where}: " + "; ".join(_pair_text(*pair, walloc, once) for pair in pairs)
-                 + f"; learned {', '.join(verdicts)}.")
+        if view[0] != 1:  # a verdict only: these runs keep the x1 allocation, and their numbers are in §8
+            n = sorted({len(seeds) for *_, hits in pairs for _, seeds, _ in hits})
+            line += (f" At {view[0]:g}× the budget ({CONVENTION[view[1]].split(' (')[0]}{where}, each method at its "
+                     f"x1 allocation, {n[0]}{f'–{n[-1]}' if len(n) > 1 else ''} seeds): learned {', '.join(verdicts)}.")
+            continue
+        matched = CONVENTION[view[1]]
+        line += (f" {matched[0].upper() + matched[1:]}{where}: "
+                 + "; ".join(_pair_text(*pair, walloc, once) for pair in pairs) + f"; learned {', '.join(verdicts)}.")
     return line
 
 
