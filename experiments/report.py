@@ -453,6 +453,7 @@ def main() -> None:
                 title="The headline pair at 6.5e13 FLOPs: the seeds with curves (bands: min–max over seeds)")
         print("drew docs/images/headline.png")
         print(f"drew {_script('rates').plot().relative_to(ROOT)}")
+        print(f"drew {_script('allocation').plot().relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

@@ -1031,6 +1031,40 @@ def test_headline_controls_pair_each_control_with_the_pairs_seeds(monkeypatch):
     assert "`learned-w1-vb-padded`, 1 of its 5 declared seeds (14–18): not yet two seeds" in text
 
 
+def test_allocation_plot_draws_each_arms_mean_at_the_flops_it_spent(tmp_path):
+    """The study's figure: per arm, the matched-total-FLOPs runs' mean test BPB and standard error over seeds at
+    each budget's mean FLOPs; clock runs only from a wall-clock-allocation series that still holds learned's runs;
+    retired runs and runs without their FLOPs left out; a PNG from it."""
+    alloc = _allocation()
+
+    def final(arm, seed, bpb, flops, scale=1.0, match="flops-total", **budget):
+        return records.make("allocation", arm, seed, command="x", method=arm.removesuffix("-ngrams"),
+                            test={"bpb": bpb}, flags=[], flops_total=flops,
+                            budget={"scale": scale, "match": match, "flops_budget": 1e12 * scale, **budget})
+
+    clock = {"allocation": "clock"}
+    path = tmp_path / "records.jsonl"
+    records.write(path, [
+        final("learned-ngrams", 0, 2.0, 1.0e12), final("learned-ngrams", 1, 2.2, 1.1e12),
+        final("learned-ngrams", 0, 1.8, 4e12, scale=4.0), final("flat-ngrams", 0, 2.3, 1e12),
+        {**final("flat-ngrams", 1, 9.0, 1e12), "retired": {"now": []}},
+        final("learned-ngrams", 0, 2.1, 5e11, match="time", series="x", **clock),
+        final("flat-ngrams", 0, 2.4, 6e11, match="time", series="x", **clock),
+        final("flat-ngrams", 0, 2.5, 7e11, match="time", series="w", **clock),  # learned's runs there retired
+        {**final("learned-ngrams", 0, 2.9, 7e11, match="time", series="w", **clock), "retired": {"now": []}},
+        final("flat-ngrams", 0, 2.6, 8e11, match="time", series="a"),  # not at the clock allocation
+        {**final("flat-ngrams", 2, 2.7, 1e12), "flops_total": None}])
+    pts = alloc.budget_points(path)
+    (x, y, se, n), x4 = pts["flops"]["learned-ngrams"]
+    assert (x, y, n) == (pytest.approx(1.05e12), pytest.approx(2.1), 2) and se == pytest.approx(0.1)
+    assert x4 == (4e12, 1.8, 0.0, 1)
+    assert pts["flops"]["flat-ngrams"] == [(1e12, 2.3, 0.0, 1)]
+    assert pts["clock"] == {"learned-ngrams": [(5e11, 2.1, 0.0, 1)], "flat-ngrams": [(6e11, 2.4, 0.0, 1)]}
+    pytest.importorskip("matplotlib")
+    out = alloc.plot(path, tmp_path / "fig.png")
+    assert out.read_bytes()[:4] == b"\x89PNG"
+
+
 def test_study_cost_sums_every_records_training_time_by_part_retired_runs_included(monkeypatch, tmp_path):
     """The study's cost table: each part's runs, retired ones and training hours from the records (retired runs
     count: they were trained), parts in the study's order, and the headline's controls at its budget only."""

@@ -995,6 +995,83 @@ def _change(after: dict[int, float], before: dict[int, float]) -> tuple[int, str
     return len(seeds), interval_text(p, tie=True)
 
 
+PLOT = Path(__file__).resolve().parents[2] / "docs" / "images" / "allocation_budgets.png"
+PLOT_ARMS = ("learned-ngrams", "flat-ngrams", "bpe-lm-ngrams", "uniform-ngrams", "whitespace-ngrams")
+
+
+def budget_points(path: Path = RECORDS) -> dict[str, dict[str, list[tuple[float, float, float, int]]]]:
+    """What `plot` draws: {"flops" | "clock": {arm: [(mean training FLOPs, mean test BPB, its standard error over
+    seeds, seeds)]}}, the matched-total-FLOPs runs of every scale (retired left out), and the clock series at the
+    wall-clock allocations, each at the FLOPs its seconds bought."""
+    from learntok import records
+
+    recs = [r for r in records.load(path) if not r.get("retired") and r["arm"] in PLOT_ARMS]
+    walloc = {s for s in _walloc_series(recs)  # a series stage 2 retired leaves its flat runs alone: not drawn
+              if any(r["arm"] == "learned-ngrams" and r["budget"].get("series") == s for r in recs)}
+    groups: dict[tuple[str, str, tuple], list[dict]] = {}
+    for r in recs:
+        scale, match, _, series = _budget_key(r)
+        kind = "flops" if match == "flops-total" else "clock" if match == "time" and series in walloc else None
+        if kind and r.get("flops_total"):
+            groups.setdefault((kind, r["arm"], (scale, series)), []).append(r)
+    out: dict[str, dict[str, list]] = {"flops": {}, "clock": {}}
+    for (kind, arm, _), rs in sorted(groups.items()):
+        bpb = [r["test"]["bpb"] for r in rs]
+        se = statistics.stdev(bpb) / len(bpb) ** 0.5 if len(bpb) > 1 else 0.0
+        out[kind].setdefault(arm, []).append(
+            (statistics.mean(r["flops_total"] for r in rs), statistics.mean(bpb), se, len(rs)))
+    for arms_ in out.values():
+        for pts in arms_.values():
+            pts.sort()
+    return out
+
+
+def plot(path: Path = RECORDS, out: Path = PLOT) -> Path:
+    """docs/images/allocation_budgets.png: each method's test BPB against the training FLOPs it spent (log
+    scale), mean ± s.e. over seeds: a line through its matched-total-FLOPs runs at ½x, x1 and 4x the budget (at
+    its x1 allocation; dotted lines mark the budgets), and a hollow marker for its wall-clock runs at its clock
+    allocation."""
+    from learntok import records
+    from learntok.viz.mpl import pyplot
+
+    plt = pyplot()
+    pts = budget_points(path)
+    fig, ax = plt.subplots(figsize=(8, 6.5))
+    colours = plt.get_cmap("tab10")
+    for i, arm in enumerate(PLOT_ARMS):
+        c, name = colours(i), arm.removesuffix("-ngrams")
+        if arm in pts["flops"]:
+            x, y, e, n = zip(*pts["flops"][arm])
+            ax.errorbar(x, y, yerr=e, fmt="-o", color=c, ms=5, capsize=3,
+                        label=f"{name}: matched total FLOPs ({min(n)}–{max(n)} seeds)" if min(n) != max(n)
+                        else f"{name}: matched total FLOPs ({n[0]} seeds)")
+        if arm in pts["clock"]:
+            x, y, e, n = zip(*pts["clock"][arm])
+            ax.errorbar(x, y, yerr=e, fmt="s", mfc="none", color=c, ms=7, capsize=3,
+                        label=f"{name}: matched wall-clock, clock allocation ({max(n)} seeds)")
+    budgets = {r["budget"]["scale"]: r["budget"]["flops_budget"] for r in records.load(path)
+               if r["budget"]["match"] == "flops-total" and r["arm"] in pts["flops"]}
+    for scale, flops in budgets.items():
+        last = scale == max(budgets)  # its label left of its line, inside the axes
+        ax.axvline(flops, ls=":", lw=0.8, color="grey")
+        ax.annotate(f"{scale:g}× budget", (flops, 1), xycoords=("data", "axes fraction"),
+                    xytext=(-3 if last else 3, -12), textcoords="offset points", fontsize=8, color="grey",
+                    ha="right" if last else "left")
+    ax.set_xscale("log")
+    ax.set_xlabel("training FLOPs, attention counted (log scale)")
+    ax.set_ylabel("test bits per byte (mean ± s.e. over seeds)")
+    ax.set_title("Every method at its allocation, with n-grams: test BPB against training compute")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fig.savefig(out, dpi=130)
+    finally:
+        plt.close(fig)
+    return out
+
+
 def _walloc_series(rows: list[dict]) -> set[str]:
     """The clock series whose arms trained at each method's wall-clock allocation (`final --allocation clock`)."""
     return {r["budget"].get("series", "") for r in rows if r["budget"].get("allocation") == "clock"}
