@@ -470,13 +470,14 @@ def test_allocation_study_summary_pairs_seeds_and_says_each_convention(tmp_path)
                             ("flat-ngrams", 1, 2.0))]
     records.write(path, [*records.load(path), *x4])
     assert alloc.study_summary(path).endswith(  # the larger budget after every x1 view: its verdict alone
-        " At 4× the budget (matched total FLOPs, each method at its x1 allocation, 2 seeds): learned ahead of flat.")
+        " At 4× the budget (matched total FLOPs, each method at its x1 allocation, not swept again for this budget, "
+        "2 seeds): learned ahead of flat.")
     half = [{**r, "budget": {**r["budget"], "scale": 0.5}, "test": {**r["test"], "bpb": r["test"]["bpb"] + 0.3}}
             for r in x4[:2]] + [{**r, "budget": {**r["budget"], "scale": 0.5}} for r in x4[2:]]
     records.write(path, [*records.load(path), *half])
     line = alloc.study_summary(path)  # a smaller budget after the x1 views too, then the larger
-    assert " At 0.5× the budget (matched total FLOPs, each method at its x1 allocation, 2 seeds): learned behind " \
-           "flat. At 4× the budget" in line
+    assert " At 0.5× the budget (matched total FLOPs, each method at its x1 allocation, not swept again for this " \
+           "budget, 2 seeds): learned behind flat. At 4× the budget" in line
     assert line.index("At 0.5×") > line.index("Matched wall-clock")
 
 

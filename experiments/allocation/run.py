@@ -1271,7 +1271,8 @@ def study_summary(path: Path = RECORDS) -> str | None:
         if view[0] != 1:  # a verdict only: these runs keep the x1 allocation, and their numbers are in §8
             n = sorted({len(seeds) for *_, hits in pairs for _, seeds, _ in hits})
             line += (f" At {view[0]:g}× the budget ({CONVENTION[view[1]].split(' (')[0]}{where}, each method at its "
-                     f"x1 allocation, {n[0]}{f'–{n[-1]}' if len(n) > 1 else ''} seeds): learned {', '.join(verdicts)}.")
+                     f"x1 allocation, not swept again for this budget, {n[0]}{f'–{n[-1]}' if len(n) > 1 else ''} "
+                     f"seeds): learned {', '.join(verdicts)}.")
             continue
         matched = CONVENTION[view[1]]
         line += (f" {matched[0].upper() + matched[1:]}{where}: "
