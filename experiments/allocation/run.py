@@ -1032,7 +1032,7 @@ def plot(path: Path = RECORDS, out: Path = PLOT) -> Path:
     its x1 allocation; dotted lines mark the budgets), and a hollow marker for its wall-clock runs at its clock
     allocation."""
     from learntok import records
-    from learntok.viz.mpl import pyplot
+    from learntok.viz.mpl import pyplot, save
 
     plt = pyplot()
     pts = budget_points(path)
@@ -1064,12 +1064,7 @@ def plot(path: Path = RECORDS, out: Path = PLOT) -> Path:
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2)
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        fig.savefig(out, dpi=130)
-    finally:
-        plt.close(fig)
-    return out
+    return save(fig, out)
 
 
 def _walloc_series(rows: list[dict]) -> set[str]:

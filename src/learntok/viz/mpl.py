@@ -45,6 +45,17 @@ def pyplot():
     return plt
 
 
+def save(fig, path: str | Path, dpi: int = 130) -> Path:
+    """Write `fig` to `path` (its folder made) and close it, even if writing fails."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fig.savefig(path, dpi=dpi)
+    finally:
+        pyplot().close(fig)
+    return path
+
+
 @functools.lru_cache(maxsize=1)
 def fonts() -> tuple[tuple[str, frozenset[int]], ...]:
     """(family, code points it covers) for each installed candidate font, in fallback order."""

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from learntok.viz.mpl import pyplot
+from learntok.viz.mpl import pyplot, save
 
 
 @dataclass
@@ -69,12 +69,4 @@ def plot_rate_sweeps(series: list[Series], title: str = "bits per byte against r
 
 
 def save_rate_plot(series: list[Series], path: str | Path, title: str | None = None) -> Path:
-    plt = pyplot()
-    fig = plot_rate_sweeps(series, **({"title": title} if title else {}))
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        fig.savefig(path, dpi=130)
-    finally:
-        plt.close(fig)
-    return path
+    return save(plot_rate_sweeps(series, **({"title": title} if title else {})), path)
