@@ -1055,7 +1055,7 @@ def test_allocation_plot_draws_each_arms_mean_at_the_flops_it_spent(tmp_path):
         {**final("learned-ngrams", 0, 2.9, 7e11, match="time", series="w", **clock), "retired": {"now": []}},
         final("flat-ngrams", 0, 2.6, 8e11, match="time", series="a"),  # not at the clock allocation
         {**final("flat-ngrams", 2, 2.7, 1e12), "flops_total": None}])
-    pts = alloc.budget_points(path)
+    pts = alloc.budget_points(records.load(path))
     (x, y, se, n), x4 = pts["flops"]["learned-ngrams"]
     assert (x, y, n) == (pytest.approx(1.05e12), pytest.approx(2.1), 2) and se == pytest.approx(0.1)
     assert x4 == (4e12, 1.8, 0.0, 1)

@@ -999,13 +999,11 @@ PLOT = Path(__file__).resolve().parents[2] / "docs" / "images" / "allocation_bud
 PLOT_ARMS = ("learned-ngrams", "flat-ngrams", "bpe-lm-ngrams", "uniform-ngrams", "whitespace-ngrams")
 
 
-def budget_points(path: Path = RECORDS) -> dict[str, dict[str, list[tuple[float, float, float, int]]]]:
-    """What `plot` draws: {"flops" | "clock": {arm: [(mean training FLOPs, mean test BPB, its standard error over
-    seeds, seeds)]}}, the matched-total-FLOPs runs of every scale (retired left out), and the clock series at the
-    wall-clock allocations, each at the FLOPs its seconds bought."""
-    from learntok import records
-
-    recs = [r for r in records.load(path) if not r.get("retired") and r["arm"] in PLOT_ARMS]
+def budget_points(rows: list[dict]) -> dict[str, dict[str, list[tuple[float, float, float, int]]]]:
+    """What `plot` draws from the final runs' records `rows`: {"flops" | "clock": {arm: [(mean training FLOPs,
+    mean test BPB, its standard error over seeds, seeds)]}}, the matched-total-FLOPs runs of every scale (retired
+    left out), and the clock series at the wall-clock allocations, each at the FLOPs its seconds bought."""
+    recs = [r for r in rows if not r.get("retired") and r["arm"] in PLOT_ARMS]
     walloc = {s for s in _walloc_series(recs)  # a series stage 2 retired leaves its flat runs alone: not drawn
               if any(r["arm"] == "learned-ngrams" and r["budget"].get("series") == s for r in recs)}
     groups: dict[tuple[str, str, tuple], list[dict]] = {}
@@ -1035,7 +1033,8 @@ def plot(path: Path = RECORDS, out: Path = PLOT) -> Path:
     from learntok.viz.mpl import pyplot, save
 
     plt = pyplot()
-    pts = budget_points(path)
+    rows = records.load(path)
+    pts = budget_points(rows)
     fig, ax = plt.subplots(figsize=(8, 6.5))
     colours = plt.get_cmap("tab10")
     for i, arm in enumerate(PLOT_ARMS):
@@ -1049,7 +1048,7 @@ def plot(path: Path = RECORDS, out: Path = PLOT) -> Path:
             x, y, e, n = zip(*pts["clock"][arm])
             ax.errorbar(x, y, yerr=e, fmt="s", mfc="none", color=c, ms=7, capsize=3,
                         label=f"{name}: matched wall-clock, clock allocation ({max(n)} seeds)")
-    budgets = {r["budget"]["scale"]: r["budget"]["flops_budget"] for r in records.load(path)
+    budgets = {r["budget"]["scale"]: r["budget"]["flops_budget"] for r in rows
                if r["budget"]["match"] == "flops-total" and r["arm"] in pts["flops"]}
     for scale, flops in budgets.items():
         last = scale == max(budgets)  # its label left of its line, inside the axes
