@@ -287,7 +287,7 @@ def test_allocation_run_names_give_back_arm_and_seed_whatever_the_series(tmp_pat
     first records were named `learned-ngrams-x1-walloc-clock`), and a retired copy's `-N`."""
     alloc = _allocation()
     views = ((1.0, False, "", "total", "flops"), (0.5, False, "", "total", "flops"),
-             (4.0, False, "", "6n", "flops"), (1.0, True, "x", "total", "clock"),
+             (4.0, False, "", "6n", "flops"), (4.0, False, "", "total", "wider"), (1.0, True, "x", "total", "clock"),
              (1.0, True, "x1", "total", "flops"), (1.0, True, "w", "total", "clock"))
     for arm in ("learned-ngrams", "bpe-lm-ngrams", "learned-ngrams-chunks", "flat"):
         for view in views:
@@ -322,6 +322,84 @@ def test_allocation_chunk_arm_trains_learned_ngrams_allocation_with_the_chunk_ta
     window["byte-window"] = "8"
     assert sorted(run.name for run, _, _ in alloc._stale(tmp_path)) == [
         "final-learned-ngrams-chunks-x1-seed0", "final-learned-ngrams-x1-seed0"]
+
+
+def test_allocation_width_check_trains_a_step_wider_then_validations_choice_and_reports_that(tmp_path, monkeypatch):
+    """The width check of a budget the sweeps did not reach: `--allocation wider` trains each arm one step up stage
+    1's width axis in a -wider directory (retire judges it by the widened flags); `--allocation chosen` trains later
+    seeds at whichever shape validation preferred on the seeds both trained, and refuses without them; the tables,
+    README line and figure read the chosen shape, the levers table the check's differences."""
+    alloc = _allocation()
+    assert alloc._widened({"d-model": "64", "n-heads": "2", "n-mid": "2"}) == {"d-model": "96", "n-heads": "2",
+                                                                               "n-mid": "2"}
+    assert alloc._widened({"d-model": "128", "n-heads": "2"}) == {"d-model": "192", "n-heads": "3"}
+    with pytest.raises(SystemExit, match="d-model 192 has no wider step"):
+        alloc._widened({"d-model": "192", "n-heads": "3"})
+    monkeypatch.setattr(alloc, "allocation", lambda out, m, clock=False, strict=True, ngrams=False:
+                        {"d-model": "96" if m == "uniform" else "64", "n-heads": "2", "n-mid": "2"})
+    calls = {}
+
+    def train_arm(run, data, method, **kw):
+        calls[run.name] = kw["flags"]
+        return {"bytes": 1.0, "train_seconds": 1.0, "command": "x", "provenance": {}}
+
+    monkeypatch.setattr(alloc.arms, "train_arm", train_arm)
+    results = tmp_path / "records.jsonl"
+    base = ["run.py", "final", "--data", str(tmp_path), "--out", str(tmp_path), "--ngrams", "--scale", "4",
+            "--budget-bytes", "2e4", "--results", str(results), "--arms", "flat-ngrams", "uniform-ngrams"]
+    monkeypatch.setattr(sys, "argv", [*base, "--seeds", "0", "--allocation", "wider"])
+    alloc.main()
+    flat = calls["final-flat-ngrams-x4-wider-seed0"]
+    assert flat[flat.index("--d-model") + 1] == "96" and flat.count("--d-model") == 1
+    uniform = calls["final-uniform-ngrams-x4-wider-seed0"]
+    assert uniform[uniform.index("--d-model") + 1] == "128"
+    done = json.loads((tmp_path / "final-flat-ngrams-x4-wider-seed0" / "final.json").read_text())
+    assert done["budget"]["allocation"] == "wider" and alloc._stale(tmp_path) == []  # judged by the wider flags
+    assert alloc._parse_run("final-flat-ngrams-x4-wider-seed0") == ("flat-ngrams", 0)
+    monkeypatch.setattr(sys, "argv", [*base, "--seeds", "1", "--allocation", "chosen"])
+    with pytest.raises(SystemExit, match="uniform-ngrams needs a run at its allocation and one a width step wider"):
+        alloc.main()  # nothing evaluated yet: no choice
+    monkeypatch.setattr(sys, "argv", [*base, "--seeds", "1", "--allocation", "wider", "--clock"])
+    with pytest.raises(SystemExit, match="--allocation wider: the width check of a FLOPs budget"):
+        alloc.main()
+    key = {"scale": 4.0, "match": "flops-total", "flops_budget": alloc.budget(4.0, 2e4)}
+
+    def final(arm, seed, bpb, val, wider=False, scale=4.0):
+        test = {"bpb": bpb, "bytes": 2, "per_document": {"documents": [0, 1], "bits": [bpb] * 2, "bytes": [1, 1]}}
+        budget = {**key, "scale": scale, **({"allocation": "wider"} if wider else {})}
+        return records.make("allocation", arm, seed, command="x", method=arm.removesuffix("-ngrams"), flags=[],
+                            test=test, val={"bpb": val}, train_seconds=1.0, flops_total=1e9 * scale, budget=budget)
+
+    records.write(results, [final("flat-ngrams", 0, 2.0, 2.0), final("flat-ngrams", 0, 1.9, 1.95, wider=True),
+                            final("uniform-ngrams", 0, 2.1, 2.1), final("uniform-ngrams", 0, 2.3, 2.2, wider=True),
+                            final("learned-ngrams", 0, 1.8, 1.8), final("learned-ngrams", 1, 1.85, 1.85)])
+    monkeypatch.setattr(sys, "argv", [*base, "--seeds", "1", "--allocation", "chosen"])
+    alloc.main()  # flat wider (1.95 < 2.0 on validation), uniform at its allocation (2.1 < 2.2)
+    assert "final-flat-ngrams-x4-wider-seed1" in calls and "final-uniform-ngrams-x4-seed1" in calls
+    records.write(results, [*records.load(results), final("flat-ngrams", 1, 1.95, 2.0, wider=True),
+                            final("uniform-ngrams", 1, 2.2, 2.2),
+                            *[final(a, s, b, b, scale=1.0) for a, s, b in (
+                                ("learned-ngrams", 0, 1.9), ("learned-ngrams", 1, 1.9), ("flat-ngrams", 0, 2.0),
+                                ("flat-ngrams", 1, 2.0), ("uniform-ngrams", 0, 2.0), ("uniform-ngrams", 1, 2.0))]])
+    table = alloc.report(results).split("Budget x4")[1]
+    assert "one width step wider than its allocation, which validation preferred on the seeds both shapes " \
+           "trained: flat-ngrams;" in table
+    assert "| flat-ngrams | 2 | 1.9250 ± 0.0250 |" in table and "| uniform-ngrams | 2 | 2.1500 ± 0.0500 |" in table
+    rows = {tuple(c.strip() for c in line.split("|")[1:4]): line.split("|")[4:6]
+            for line in alloc.levers_table(results, tmp_path / "none.jsonl").splitlines()[2:]}
+    check = "x4 budget, total FLOPs"
+    assert rows["allocation: one width step wider", "flat-ngrams", check] == [" 1 ", " -0.1000 (1 seed) "]
+    assert rows["allocation: one width step wider", "uniform-ngrams", check] == [" 1 ", " +0.2000 (1 seed) "]
+    assert rows["allocation: one width step wider", "learned-ngrams − flat-ngrams", check] == [
+        " 1 ", " +0.1000 (1 seed) "]
+    n, text = rows["budget: 4× instead of 1×", "flat-ngrams", "total FLOPs, " + alloc.WIDTH_CHOSEN]
+    assert n.strip() == "2" and text.startswith(" -0.0750 [")  # its chosen (wider) runs against x1's
+    assert alloc.study_summary(results).endswith(
+        " At 4× the budget (matched total FLOPs, each method at its x1 allocation or one width step wider where "
+        "validation preferred it (flat), not swept further for this budget, 2 seeds): learned ahead of flat and "
+        "fixed patches.")
+    assert alloc.budget_points(records.load(results))["flops"]["flat-ngrams"][-1][1:] == (
+        pytest.approx(1.925), pytest.approx(0.025), 2)
 
 
 def test_allocation_retire_moves_stale_runs_aside_and_keeps_their_records_out_of_the_tables(tmp_path, monkeypatch):
@@ -1112,7 +1190,7 @@ def test_allocation_queue_runs_the_study_in_order_and_saves_after_every_step(tmp
     OUT first, collects after every sweep and scores after every final call, retires after stage 2 before any
     final, gives whitespace 3 seeds where the others get 5, runs half the budget's five n-gram arms right after clock
     series x, the headline's controls with leaderboard's, and last the 4x budget's five n-gram arms, both at matched
-    FLOPs with 3 seeds."""
+    FLOPs with 3 seeds, 4x with its width check (seed 0 at both widths, then validation's choice)."""
     log = tmp_path / "calls"
     stub = tmp_path / "python"
     stub.write_text(f'#!/bin/bash\necho "$(basename "$(dirname "$1")")/$(basename "$1") ${{*:2}}" >> {log}\n')
@@ -1153,6 +1231,8 @@ def test_allocation_queue_runs_the_study_in_order_and_saves_after_every_step(tmp
             "learned-ngrams", "flat-ngrams", "bpe-lm-ngrams", "uniform-ngrams", "whitespace-ngrams"}
         assert all(seeds[key] == {0, 1, 2} and not key[1] for key in seeds if key[3] == scale)
     at = {s: [i for i, c in enumerate(calls) if c[1] == "final" and value(c, "--scale") == s] for s in ("4", "0.5")}
+    shapes = [(value(calls[i], "--allocation"), values(calls[i], "--seeds")) for i in at["4"]]  # the width check
+    assert shapes == [(None, ["0"]), ("wider", ["0"]), ("chosen", ["1"]), ("chosen", ["2"])]
     assert min(at["4"]) > max(i for i, c in enumerate(calls) if c[1] == "final" and "--scale" not in c)
     series_x = [i for i, c in enumerate(calls) if c[1] == "final" and value(c, "--series") == "x"]
     first_control = next(i for i, c in enumerate(calls) if c[0] == "leaderboard/run.py")

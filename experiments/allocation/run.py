@@ -11,6 +11,8 @@ wall-clock.
     python experiments/allocation/run.py final --data DATA/enwiki --out runs/alloc --scale 1 --clock
     python experiments/allocation/run.py final --data DATA/enwiki --out runs/alloc --convention 6n  # accounting
     python experiments/allocation/run.py final --data DATA/enwiki --out runs/alloc --clock --series w --allocation clock
+    python experiments/allocation/run.py final --data DATA/enwiki --out runs/alloc --scale 4 --allocation wider
+    python experiments/allocation/run.py final --data DATA/enwiki --out runs/alloc --scale 4 --allocation chosen
     python experiments/allocation/run.py evaluate --out runs/alloc
     python experiments/allocation/run.py retire --out runs/alloc    # after a sweep stage changed an allocation
     python experiments/allocation/run.py report
@@ -55,6 +57,10 @@ nothing finished trains again, and the retired ones in OUT/retired/, so `retire`
 prints the tables (`levers_table`: what each lever changed, for docs/results.md): test BPB per method, the paired
 t-interval over seeds against `flat` and `bpe-lm` (and learned's against it), and a paired bootstrap over documents
 (each document's bits averaged over seeds) for the same pairs.
+The width check of a budget no sweep reached (4x): `final --allocation wider` trains each arm one step up stage 1's
+width axis, the rest of its allocation kept, and `--allocation chosen` at whichever of its allocation and that one
+validation preferred on the seeds both trained; the tables, the figure and the README then read each arm at its chosen
+width, the levers table the check's differences.
 Everything resumes: finished cells and runs are skipped, an interrupted one continues from its checkpoint, except a
 clock sweep's cell or a clock run, which trains again from step 0 (resumed, its seconds would span two machine speeds).
 Settings are chosen on validation only.
@@ -528,12 +534,15 @@ def _arms(ngrams: bool) -> list[tuple[str, str, bool]]:
 
 WALLOC = "-walloc"
 """The run directory's tag of a final run at the wall-clock allocation (`final --allocation clock`)."""
+WIDER = "-wider"
+"""The run directory's tag of a final run one width step wider than its allocation (`final --allocation wider`)."""
 
 
 def _run_dir(out: Path, arm: str, scale: float, clock: bool, seed: int | str, series: str = "",
              convention: str = "total", allocated: str = "flops") -> Path:
-    """final-ARM-xSCALE[-CONVENTION unless total][-walloc: at the wall-clock allocation][-clock[-SERIES]]-seedSEED"""
-    tag = ("" if convention == "total" else f"-{convention}") + (WALLOC if allocated == "clock" else "")
+    """final-ARM-xSCALE[-CONVENTION unless total][-walloc: at the wall-clock allocation, -wider: one width step
+    wider][-clock[-SERIES]]-seedSEED"""
+    tag = ("" if convention == "total" else f"-{convention}") + {"clock": WALLOC, "wider": WIDER}.get(allocated, "")
     return out / f"final-{arm}-x{scale:g}{tag}{'-clock' if clock else ''}{'-' + series if series else ''}-seed{seed}"
 
 
@@ -566,14 +575,27 @@ def _other_allocation(run: Path, done: dict | None, flags: list[str]) -> bool:
     return (run / "config.json").exists() and bool(arms.config_differences(run, argv))
 
 
+def _widened(chosen: dict[str, str]) -> dict[str, str]:
+    """An allocation one step up stage 1's width axis (WIDTH: d_model with its heads), the rest kept: the width
+    check of a budget the sweeps did not reach (`final --allocation wider`)."""
+    names, values = WIDTH.split("=")
+    steps = [dict(zip(names.split(","), v.split(":"))) for v in values.split(",")]
+    at = next((i for i, step in enumerate(steps) if step["d-model"] == chosen.get("d-model")), None)
+    if at is None or at + 1 == len(steps):
+        width = chosen.get("d-model", "of the preset")
+        sys.exit(f"--allocation wider: d-model {width} has no wider step on stage 1's width axis ({WIDTH})")
+    return {**chosen, **steps[at + 1]}
+
+
 def _judged(out: Path, run: Path) -> tuple[dict | None, list[str], bool]:
-    """A final run's final.json (None if unfinished), the flags its method's allocation now gives, and whether it
-    trained, or began training, another model than those build. The run may sit in OUT/retired/."""
+    """A final run's final.json (None if unfinished), the flags its method's allocation now gives (one width step
+    wider for a `-wider` run), and whether it trained, or began training, another model than those build. The run
+    may sit in OUT/retired/."""
     arm, _ = _parse_run(run.name)
     method, ngrams = {a: (m, ng) for a, m, ng in _arms(True)}[arm]
     done = json.loads((run / "final.json").read_text()) if (run / "final.json").exists() else None
-    now = _arm_flags(arm, method, allocation(out, method, clock=WALLOC + "-" in run.name, strict=False,
-                                             ngrams=ngrams), ngrams)
+    chosen = allocation(out, method, clock=WALLOC + "-" in run.name, strict=False, ngrams=ngrams)
+    now = _arm_flags(arm, method, _widened(chosen) if WIDER + "-" in run.name else chosen, ngrams)
     return done, now, _other_allocation(run, done, now)
 
 
@@ -639,17 +661,31 @@ def cmd_final(args) -> None:
     at_clock = args.allocation == "clock"
     if at_clock and not (args.clock and args.series):
         sys.exit("--allocation clock: needs --clock and a --series (its runs are paired only among themselves)")
+    if args.allocation in ("wider", "chosen") and args.clock:
+        sys.exit(f"--allocation {args.allocation}: the width check of a FLOPs budget; not with --clock")
+    if args.allocation == "chosen":  # its runs' records' _budget_key, and the records of both shapes
+        from learntok import records
+
+        view = (args.scale, f"flops-{args.convention}",
+                float(f"{budget(args.scale, args.budget_bytes, args.convention):.4g}"), "")
+        current = [r for r in records.load(args.results) if not r.get("retired")]
     for seed in args.seeds:
         for arm, method, ngrams in _arms(args.ngrams):
             if method not in args.methods or (args.arms and arm not in args.arms):
                 continue
             if seed not in (args.seeds if method in MANY_SEEDS else args.seeds[:args.few_seeds]):
                 continue
-            where = (args.out, arm, args.scale, args.clock, seed, args.series, args.convention, args.allocation)
+            shape = args.allocation
+            if shape == "chosen" and (shape := _width_choice(current, arm, view)) is None:
+                sys.exit(f"--allocation chosen: {arm} needs a run at its allocation and one a width step wider "
+                         f"(--allocation wider) of a common seed, both evaluated, at x{args.scale:g} first")
+            where = (args.out, arm, args.scale, args.clock, seed, args.series, args.convention, shape)
             run, done = _run_dir(*where), _trained(*where)
             chosen = allocation(args.out, method, clock=at_clock, ngrams=ngrams)
             if at_clock and not chosen:
                 sys.exit(f"--allocation clock: {method} has no clock sweep yet (`sweep --clock --methods {method}`)")
+            if shape == "wider":
+                chosen = _widened(chosen)
             flags = _arm_flags(arm, method, chosen, ngrams)
             if _other_allocation(run, done, flags):
                 why = (f"trained with {' '.join(done['flags'])}, but the allocation now gives {' '.join(flags)}: the "
@@ -675,10 +711,39 @@ def cmd_final(args) -> None:
             res["budget"] = {"scale": args.scale, "match": "time" if args.clock else f"flops-{args.convention}", **kw,
                              **({"reference": ref} if args.clock else {}),
                              **({"series": args.series} if args.series else {}),
-                             **({"allocation": "clock"} if at_clock else {})}
+                             **({"allocation": shape} if shape in ("clock", "wider") else {})}
             atomic.write_text(run / "final.json", json.dumps(res, indent=1) + "\n")  # _trained reads it whole
             print(f"{run.name}: {res['bytes'] / 1e6:.2f} MB, {res.get('flops_total', 0):.3g} total FLOPs, "
                   f"{res['train_seconds']:.0f} s", flush=True)
+
+
+def _wider(r: dict) -> bool:
+    """Whether a final run's record trained one width step wider than its allocation (`--allocation wider`)."""
+    return r["budget"].get("allocation") == "wider"
+
+
+def _width_choice(rows: list[dict], arm: str, view: tuple) -> str | None:
+    """Which of an arm's two shapes at a budget (`view`: a `_budget_key`) validation prefers, "flops" (its
+    allocation) or "wider", by mean validation BPB over the seeds both trained (seed 0 in the queue; a tie keeps
+    the allocation); None when no seed has both."""
+    val: dict[bool, dict[int, float]] = {False: {}, True: {}}
+    for r in rows:
+        if r["arm"] == arm and _budget_key(r) == view:
+            val[_wider(r)][r["seed"]] = r["val"]["bpb"]
+    if not (seeds := sorted(set(val[False]) & set(val[True]))):
+        return None
+    better = statistics.mean(val[True][s] for s in seeds) < statistics.mean(val[False][s] for s in seeds)
+    return "wider" if better else "flops"
+
+
+def _at_chosen_width(rows: list[dict]) -> list[dict]:
+    """The records of each arm's chosen shape where a budget has it at two widths (the width check,
+    `_width_choice`), the other shape's left out (the levers table reads them); its allocation while no seed has
+    both. The tables, the figure and the README read these."""
+    checked = {(_budget_key(r), r["arm"]) for r in rows if _wider(r)}
+    choice = {k: _width_choice(rows, k[1], k[0]) or "flops" for k in checked}
+    return [r for r in rows if (k := (_budget_key(r), r["arm"])) not in checked
+            or (choice[k] == "wider") == _wider(r)]
 
 
 def cmd_evaluate(args) -> None:
@@ -886,7 +951,7 @@ def report(path: Path = RECORDS) -> str:
     from learntok import records
 
     every = records.load(path)
-    rows = [r for r in every if not r.get("retired")]
+    rows = _at_chosen_width([r for r in every if not r.get("retired")])
     before = _before_stage_2(every)
     out = _tables(rows) if rows else ["(no current records yet)", ""]
     if any(r.get("retired") for r in before):
@@ -912,6 +977,9 @@ def _tables(rows: list[dict]) -> list[str]:
         unit = "s" if key[1] == "time" else "FLOPs"
         walloc = ", each at its wall-clock allocation" if sub[0]["budget"].get("allocation") == "clock" else ""
         series = f" (clock series {key[3]}: its arms trained beside each other{walloc})" if key[3] else ""
+        if wider := sorted({r["arm"] for r in sub if _wider(r)}):
+            series += (f" (one width step wider than its allocation, which validation preferred on the seeds both "
+                       f"shapes trained: {', '.join(wider)}; the levers table has every checked arm's difference)")
         out += [f"Budget x{key[0]:g} of the reference ({key[2]:.4g} {unit}), matched {VIEWS[key[1]]}{series}; test "
                 f"BPB on {n_test:,} bytes after the first {SKIP_BYTES // 1024} KB; bootstrap: each document's bits "
                 f"averaged over the paired seeds.", "",
@@ -1002,8 +1070,9 @@ PLOT_ARMS = ("learned-ngrams", "flat-ngrams", "bpe-lm-ngrams", "uniform-ngrams",
 def budget_points(rows: list[dict]) -> dict[str, dict[str, list[tuple[float, float, float, int]]]]:
     """What `plot` draws from the final runs' records `rows`: {"flops" | "clock": {arm: [(mean training FLOPs,
     mean test BPB, its standard error over seeds, seeds)]}}, the matched-total-FLOPs runs of every scale (retired
-    left out), and the clock series at the wall-clock allocations, each at the FLOPs its seconds bought."""
-    recs = [r for r in rows if not r.get("retired") and r["arm"] in PLOT_ARMS]
+    left out; each arm at its chosen width where a width check ran), and the clock series at the wall-clock
+    allocations, each at the FLOPs its seconds bought."""
+    recs = _at_chosen_width([r for r in rows if not r.get("retired") and r["arm"] in PLOT_ARMS])
     walloc = {s for s in _walloc_series(recs)  # a series stage 2 retired leaves its flat runs alone: not drawn
               if any(r["arm"] == "learned-ngrams" and r["budget"].get("series") == s for r in recs)}
     groups: dict[tuple[str, str, tuple], list[dict]] = {}
@@ -1077,18 +1146,19 @@ def levers_table(path: Path = RECORDS, preset: Path = PRESET_RECORDS) -> str:
     the arm without, at its own allocation and in the preset's shape); the allocation (its own width × depth −
     the small preset's shape, the first screen's runs); the accounting (matched total FLOPs − matched 6N,
     attention free); the clock (matched wall-clock − matched total FLOPs, per clock series); the budget (½x or 4x
-    the FLOPs − x1, each arm at its x1 allocation). The same again at stage 1's allocation (the runs stage 2
-    retired, `_before_stage_2`) where it differs, and stage 2's own lever: today's runs − those, at matched total
-    FLOPs."""
+    the FLOPs − x1, each arm at its x1 allocation, or the width check's choice); the width check (`_width_rows`).
+    The same again at stage 1's allocation (the runs stage 2 retired, `_before_stage_2`) where it differs, and
+    stage 2's own lever: today's runs − those, at matched total FLOPs."""
     from learntok import records
 
     recs = records.load(path)
     screen = _views(records.load(preset)).get((1.0, "flops-total", ""), {})
     walloc = _walloc_series(recs)
-    current = [r for r in recs if not r.get("retired")]
+    every = [r for r in recs if not r.get("retired")]
+    current = _at_chosen_width(every)
     before_stage_2 = _before_stage_2(recs)
     earlier = [{k: v for k, v in r.items() if k != "retired"} for r in before_stage_2]
-    rows = _lever_rows(current, screen, walloc)
+    rows = _lever_rows(current, screen, walloc) + _width_rows(every)
     if any(r.get("retired") for r in before_stage_2):
         rows += [(lever, subject, f"{where} (stage 1)", change)
                  for lever, subject, where, change in _lever_rows(earlier, screen, walloc)
@@ -1143,8 +1213,31 @@ def _lever_rows(recs: list[dict], screen: dict, walloc: set[str]) -> list[tuple[
                 sorted(clock) + GAPS)
     for (scale, match, series), view in sorted(now.items()):  # compute: where learned's lead grows or shrinks
         if scale != 1.0 and match == "flops-total" and not series:
-            add(f"budget: {scale:g}× instead of 1×", "total FLOPs, x1 allocation", view, total, sorted(view) + GAPS)
+            wider = any(_wider(r) and _budget_key(r)[:2] == (scale, match) for r in recs)
+            add(f"budget: {scale:g}× instead of 1×", "total FLOPs, " + (WIDTH_CHOSEN if wider else "x1 allocation"),
+                view, total, sorted(view) + GAPS)
     return rows
+
+
+def _width_rows(recs: list[dict]) -> list[tuple[str, str, str, tuple[int, str]]]:
+    """The width check's rows of the levers table, from the current final runs `recs` (both shapes): at each
+    budget with runs one width step wider, each such arm's wider runs − its runs at its allocation, and learned's
+    gap to each method with every checked arm wider − the same gap at the allocations, paired over seeds."""
+    rows = []
+    for key in sorted({_budget_key(r) for r in recs if _wider(r)}, key=_view_order):
+        own: dict[str, dict[int, float]] = {}
+        wide: dict[str, dict[int, float]] = {}
+        for r in (r for r in recs if _budget_key(r) == key):
+            (wide if _wider(r) else own).setdefault(r["arm"], {})[r["seed"]] = r["test"]["bpb"]
+        where = f"x{key[0]:g} budget, {VIEWS[key[1]]}"
+        for subject in sorted(wide) + [g for g in GAPS if any(arm in wide for arm in g.split(" − "))]:
+            if change := _change(_of({**own, **wide}, subject), _of(own, subject)):
+                rows.append(("allocation: one width step wider", subject, where, change))
+    return rows
+
+
+WIDTH_CHOSEN = "x1 allocation or a width step wider, validation's choice"
+"""Where a budget's runs stand once its width check ran (`_at_chosen_width`)."""
 
 
 STUDY_PAIRS = (("learned-ngrams", "flat-ngrams"), ("learned-ngrams", "bpe-lm-ngrams"),
@@ -1239,7 +1332,7 @@ def study_summary(path: Path = RECORDS) -> str | None:
 
     rows = records.load(path)
     walloc = _walloc_series(rows)
-    current = [r for r in rows if not r.get("retired")]
+    current = _at_chosen_width([r for r in rows if not r.get("retired")])
     now = _study_views(current)
     stage_1 = _before_stage_2(rows)
     before = _study_views(stage_1) if any(r.get("retired") for r in stage_1) else {}
@@ -1264,9 +1357,12 @@ def study_summary(path: Path = RECORDS) -> str | None:
                     if (names := [n for n, _, hits in pairs if _verdict(hits) == k])]
         if view[0] != 1:  # a verdict only: these runs keep the x1 allocation, and their numbers are in §8
             n = sorted({len(seeds) for *_, hits in pairs for _, seeds, _ in hits})
+            wider = sorted({_name(r["arm"]) for r in current if _wider(r) and _budget_key(r)[:2] == view})
+            shape = (f"x1 allocation or one width step wider where validation preferred it ({_and(wider)}), "
+                     "not swept further" if wider else "x1 allocation, not swept again")
             line += (f" At {view[0]:g}× the budget ({CONVENTION[view[1]].split(' (')[0]}{where}, each method at its "
-                     f"x1 allocation, not swept again for this budget, {n[0]}{f'–{n[-1]}' if len(n) > 1 else ''} "
-                     f"seeds): learned {', '.join(verdicts)}.")
+                     f"{shape} for this budget, {n[0]}{f'–{n[-1]}' if len(n) > 1 else ''} seeds): learned "
+                     f"{', '.join(verdicts)}.")
             continue
         matched = CONVENTION[view[1]]
         line += (f" {matched[0].upper() + matched[1:]}{where}: "
@@ -1284,6 +1380,12 @@ def _clock_flops(rows: list[dict], view: tuple[float, str], series: set[str] | N
         return ""
     ref = budget(view[0])  # builds a model: once a view, not once a run
     return f" (in those seconds this CPU gave them {min(got) / ref:.2f}–{max(got) / ref:.2f}× the FLOPs budget)"
+
+
+def _name(arm: str) -> str:
+    """A method's name in the README's line: NAMES', learned's own (n-gram arms by their method's)."""
+    method = arm.removesuffix("-ngrams")
+    return NAMES.get(method, method)
 
 
 def _and(names: list[str]) -> str:
@@ -1365,9 +1467,13 @@ def main() -> None:
     f.add_argument("--convention", choices=("total", "6n", "6n-padded"), default="total",
                    help="the FLOPs convention the budget is matched in (total: attention counted; 6n: the paper's, "
                    "the accounting lever's control; run directories ...-x1-6n-seedS)")
-    f.add_argument("--allocation", choices=("flops", "clock"), default="flops",
-                   help="the allocation each arm trains at: the FLOPs sweep's, or (with --clock and a --series) the "
-                   "clock sweep's, each method's wall-clock optimum (run directories ...-walloc-clock-SERIES-seedS)")
+    f.add_argument("--allocation", choices=("flops", "clock", "wider", "chosen"), default="flops",
+                   help="the allocation each arm trains at: the FLOPs sweep's; (with --clock and a --series) the "
+                   "clock sweep's, each method's wall-clock optimum (run directories ...-walloc-clock-SERIES-seedS); "
+                   "the FLOPs sweep's one width step wider (the width check of a budget the sweeps did not reach, "
+                   "...-wider-seedS); or whichever of those two validation preferred at this budget on the seeds "
+                   "both trained (chosen)")
+    f.add_argument("--results", type=Path, default=RECORDS, help="where --allocation chosen reads validation")
     f.add_argument("--ngrams", action="store_true", help="also each n-gram variant, and learned-ngrams-chunks (the "
                    "chunk embedding on top, at learned-ngrams' allocation)")
     f.add_argument("--arms", nargs="+", choices=[a for a, _, _ in _arms(True)],
