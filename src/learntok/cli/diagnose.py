@@ -83,7 +83,7 @@ def cmd_diagnose(argv: list[str]) -> int:
 
 
 def _plot(rows, path: Path, title: str) -> None:
-    from learntok.viz.mpl import pyplot
+    from learntok.viz.mpl import pyplot, save
 
     plt = pyplot()
     groups = sorted({r.group for r in rows})
@@ -102,5 +102,4 @@ def _plot(rows, path: Path, title: str) -> None:
     axes[0].legend()
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path, dpi=110)

@@ -185,7 +185,7 @@ def _matched(rows: list[dict]) -> str:
 
 def plot(rows: list[dict], path: Path) -> Path | None:
     """Validation BPB against each axis (every cell a point; the line joins the best cell at each value)."""
-    from learntok.viz.mpl import pyplot
+    from learntok.viz.mpl import pyplot, save
 
     axes = list(dict.fromkeys(k for r in rows for k in r["axes"]))
     if not rows or not axes:
@@ -207,11 +207,7 @@ def plot(rows: list[dict], path: Path) -> Path | None:
         ax.grid(alpha=0.3)
     fig.suptitle(f"learntok sweep: every cell at the same {_matched(rows)}")
     fig.tight_layout()
-    try:
-        fig.savefig(path, dpi=110)
-    finally:
-        plt.close(fig)
-    return path
+    return save(fig, path, dpi=110)
 
 
 def write_reports(out: Path, rows: list[dict]) -> None:

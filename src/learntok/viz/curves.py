@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from learntok.viz.mpl import pyplot
+from learntok.viz.mpl import pyplot, save
 
 FIGURES = ("bpb", "boundaries", "losses", "throughput")
 RENAMED = {"stats/p_mean": "boundary/p_mean", "stats/neg_log_pi": "boundary/neg_log_pi",
@@ -246,16 +246,4 @@ def save_figures(runs: list[RunMetrics], out_dir: str | Path, fmt: str = "png") 
         raise ValueError(f"--format must be png or svg, got {fmt!r}")
     if not runs:
         raise ValueError("no runs to plot")
-    plt = pyplot()
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for name in FIGURES:
-        fig = PLOTTERS[name](runs)
-        path = out / f"{name}.{fmt}"
-        try:
-            fig.savefig(path, format=fmt, dpi=120)
-        finally:
-            plt.close(fig)
-        paths.append(path)
-    return paths
+    return [save(PLOTTERS[name](runs), Path(out_dir) / f"{name}.{fmt}", dpi=120, format=fmt) for name in FIGURES]

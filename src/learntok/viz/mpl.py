@@ -45,12 +45,15 @@ def pyplot():
     return plt
 
 
-def save(fig, path: str | Path, dpi: int = 130) -> Path:
-    """Write `fig` to `path` (its folder made) and close it, even if writing fails."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+def save(fig, path, dpi: int | None = 130, **savefig):
+    """Write `fig` to `path` (a file name, its folder made, or a binary buffer), with savefig's other keywords, and
+    close it, even if writing fails; returns `path`. Every figure learntok writes goes through here. `dpi=None`:
+    matplotlib's default (the figure's own)."""
+    if isinstance(path, (str, Path)):
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        fig.savefig(path, dpi=dpi)
+        fig.savefig(path, dpi=dpi, **savefig)
     finally:
         pyplot().close(fig)
     return path
@@ -169,12 +172,8 @@ def save_map_png(bmap: BoundaryMap, path, width: int = 100, max_chars: int = 400
     fmt = Path(path).suffix.lower().lstrip(".")
     if fmt not in IMAGE_FORMATS:
         raise ValueError(f"{path}: a boundary map is written as .png, .pdf or .svg (by the file name's suffix)")
-    plt = pyplot()
     fig, notices = map_figure(bmap, width=width, max_chars=max_chars)
-    try:
-        fig.savefig(path, format=fmt, bbox_inches="tight", pad_inches=0.08)
-    finally:
-        plt.close(fig)
+    save(fig, path, dpi=None, format=fmt, bbox_inches="tight", pad_inches=0.08)
     return notices
 
 
@@ -191,10 +190,4 @@ def map_image(bmap: BoundaryMap, width: int = 100, max_chars: int = 2000) -> np.
 
 def figure_png(fig, dpi: int = 100) -> bytes:
     """PNG bytes of a figure (closed afterwards), for embedding as a data: URI."""
-    plt = pyplot()
-    buf = io.BytesIO()
-    try:
-        fig.savefig(buf, format="png", dpi=dpi)
-    finally:
-        plt.close(fig)
-    return buf.getvalue()
+    return save(fig, io.BytesIO(), dpi=dpi, format="png").getvalue()
