@@ -240,7 +240,7 @@ def test_compare_paired_bootstraps_the_difference_over_documents(runs, tmp_path,
     are refused with a message."""
     from learntok.cli import main
 
-    base = ["--tasks", "none", "--no-progress", "--per-document", "--split", "test"]  # all of it: two documents
+    base = ["--tasks", "none", "--no-progress", "--per-document", "--split", "test", "--by-class"]  # two documents
     paths = {}
     for name, run in runs.items():
         paths[name] = tmp_path / f"{name}.json"
@@ -254,6 +254,8 @@ def test_compare_paired_bootstraps_the_difference_over_documents(runs, tmp_path,
     # two documents: too few to resample, so the units are the held-out sequences
     assert len(a["per_document"]["documents"]) == 2 and (p["unit"], p["units"]) == ("sequences", a["sequences"])
     assert f"paired bootstrap over {a['sequences']} sequences" in line
+    assert [c["class"] for c in p["by_class"]] == ["word start", "word inside", "space", "punctuation"]
+    assert sum(c["contribution"] for c in p["by_class"]) == pytest.approx(p["mean"], abs=1e-6)  # where A − B lies
     # Different bytes, no per-document scores, or not two runs: exit 2 with one line.
     assert cmd_eval([str(runs["whitespace"]), *base, "--skip-bytes", "64", "--out", str(tmp_path / "s.json")]) == 0
     assert cmd_eval([str(runs["whitespace"]), "--tasks", "none", "--max-bytes", "384", "--no-progress",

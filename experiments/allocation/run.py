@@ -775,6 +775,84 @@ def cmd_evaluate(args) -> None:
         print(f"{run.name}: test BPB {scores['test']['bpb']:.4f} (val {scores['val']['bpb']:.4f})", flush=True)
 
 
+CLASS_RECORDS = HERE / "records-classes.jsonl"
+CLASS_ARMS = ("learned-ngrams", "flat-ngrams", "uniform-ngrams", "whitespace-ngrams")
+"""The arms `classes` breaks down (the byte models learned leads at x1; the BPE transformer's bits are per
+token)."""
+
+
+def cmd_classes(args) -> None:
+    """Score each current x1 matched-total-FLOPs run of CLASS_ARMS again on `evaluate`'s test bytes with its bits
+    broken down by byte class (learntok.evaluation.byteclass: word starts, the rest of words, spaces, punctuation),
+    into records-classes.jsonl: which bytes learned's lead over each method is made of. Runs already there are
+    skipped; a run without its checkpoint (restored from its record) is named and skipped."""
+    from learntok import records
+    from learntok.checkpoint import load_run
+    from learntok.data import ByteSequences, load_split
+    from learntok.evaluation.bpb import BoundaryMode, heldout_bpb
+
+    done = {r["run"] for r in records.load(args.class_results)}
+    rows = _at_chosen_width([r for r in records.load(args.results) if not r.get("retired")])
+    for r in sorted(rows, key=lambda r: (r["seed"], CLASS_ARMS.index(r["arm"]) if r["arm"] in CLASS_ARMS else 0)):
+        scale, match, _, series = _budget_key(r)
+        if r["arm"] not in CLASS_ARMS or (scale, match, series) != (1.0, "flops-total", "") or r["run"] in done:
+            continue
+        run = _out_path(args.out, r["run_dir"])
+        if not (run / "latest").exists():
+            print(f"{run.name}: no checkpoint here (restored from its record?); skipped", flush=True)
+            continue
+        cfg, model = load_run(run)
+        seqs = ByteSequences(load_split(cfg.data, "test")[1], cfg.data.seq_len, cfg.data.pack,
+                             annotate=model.boundary.annotator)
+        res = heldout_bpb(model, seqs, BoundaryMode(), skip_bytes=SKIP_BYTES, max_bytes=args.test_bytes, by_class=True)
+        if res["bytes"] != r["test"]["bytes"] or abs(res["bpb"] - r["test"]["bpb"]) > 1e-4:
+            sys.exit(f"{run.name}: scored {res['bpb']:.5f} on {res['bytes']:,} bytes, its record "
+                     f"{r['test']['bpb']:.5f} on {r['test']['bytes']:,}: not the same model or text")
+        rec = records.make(f"{STUDY}-classes", r["arm"], r["seed"], command=sys.argv, run=r["run"],
+                           budget=r["budget"], test={k: res[k] for k in ("bpb", "bytes", "by_class")})
+        records.append(args.class_results, rec)
+        done.add(r["run"])
+        print(f"{run.name}: " + ", ".join(f"{c} {bits / n:.4f}" for c, bits, n in zip(
+            *(res["by_class"][k] for k in ("classes", "bits", "bytes")), strict=True)), flush=True)
+
+
+def classes_table(path: Path = CLASS_RECORDS) -> str:
+    """Where learned's lead lies: per byte class, its share of the test bytes, learned-ngrams' bits per byte there,
+    and against each other arm of CLASS_ARMS learned − it in that class's bits per byte and the class's part of
+    the whole gap (its bits of learned − the other's, over all bytes: the parts add up to the gap), mean and 95 % t
+    over the seeds both have."""
+    from learntok import records
+    from learntok.evaluation.byteclass import class_difference
+    from learntok.evaluation.stats import paired_interval
+
+    recs = {(r["arm"], r["seed"]): r["test"]["by_class"] for r in records.load(path)}
+    if not recs:
+        return "(no records yet)\n"
+    base, others = CLASS_ARMS[0], [a for a in CLASS_ARMS[1:] if any(k[0] == a for k in recs)]
+    mine = {s: c for (a, s), c in recs.items() if a == base}
+    head = ["byte class", "share of the bytes", f"{base} BPB there"]
+    for other in others:
+        name = other.removesuffix("-ngrams")
+        head += [f"learned − {name}: BPB there", f"learned − {name}: part of the gap"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    first = next(iter(mine.values()))
+    rows = [[c, f"{n / sum(first['bytes']):.1%}",
+             arms.mean_se([m["bits"][i] / m["bytes"][i] for m in mine.values()])]
+            for i, (c, n) in enumerate(zip(first["classes"], first["bytes"], strict=True))]
+    rows.append(["**all**", "100 %", arms.mean_se([sum(m["bits"]) / sum(m["bytes"]) for m in mine.values()])])
+    for other in others:
+        seeds = sorted(s for (a, s) in recs if a == other and s in mine)
+        diffs = [class_difference(mine[s], recs[other, s]) for s in seeds]
+
+        def cell(values: list[float]) -> str:
+            return interval_text(paired_interval(values), tie=True) if len(values) > 1 else f"{values[0]:+.4f}"
+
+        for i, row in enumerate(rows[:-1]):
+            row += [cell([d[i]["diff"] for d in diffs]), cell([d[i]["contribution"] for d in diffs])]
+        rows[-1] += [cell([sum(c["contribution"] for c in d) for d in diffs]), f"({len(seeds)} seeds)"]
+    return "\n".join(out + ["| " + " | ".join(row) + " |" for row in rows]) + "\n"
+
+
 VIEWS = {"flops-total": "total FLOPs", "time": "wall-clock", "flops-6n": "6N FLOPs (the paper's)",
          "flops-6n-padded": "6N FLOPs with padded token slots"}
 """What a final run's budget matched (its record's budget.match), in the order the tables show them."""
@@ -1496,6 +1574,11 @@ def main() -> None:
     o.add_argument("--out", type=Path, default=Path("runs/alloc"))
     o.add_argument("--results", type=Path, default=RECORDS)
     o.add_argument("--sweep-results", type=Path, default=SWEEP_RECORDS)
+    k = sub.add_parser("classes", help="the x1 byte arms' test bits by byte class (where learned's lead lies)")
+    k.add_argument("--out", type=Path, default=Path("runs/alloc"))
+    k.add_argument("--results", type=Path, default=RECORDS)
+    k.add_argument("--class-results", type=Path, default=CLASS_RECORDS)
+    k.add_argument("--test-bytes", type=int, default=TEST_BYTES, help="test bytes scored, after the first 256 KB")
     r = sub.add_parser("report", help="the tables")
     r.add_argument("--results", type=Path, default=RECORDS)
     args = ap.parse_args()
@@ -1503,7 +1586,7 @@ def main() -> None:
         print(report(args.results))
     else:
         {"sweep": cmd_sweep, "collect": cmd_collect, "best": cmd_best, "final": cmd_final,
-         "evaluate": cmd_evaluate, "retire": cmd_retire, "restore": cmd_restore}[args.cmd](args)
+         "evaluate": cmd_evaluate, "retire": cmd_retire, "restore": cmd_restore, "classes": cmd_classes}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -72,6 +72,10 @@ class EvalArgs:
     per_document: bool = False
     """Also store each document's held-out bits and bytes in eval.json, for `learntok compare --paired` (one
     boundary draw only)."""
+    by_class: bool = False
+    """Also break held-out bits down by byte class (word starts, the rest of words, spaces, punctuation), in
+    eval.json and the report; `learntok compare --paired` then says how much of A − B each class carries (a model
+    that predicts bytes: not --arch token)."""
     bpe_tokenizer: str | None = None
     """tokenizer.json of a byte-level BPE: also compare boundaries with its token starts."""
     out: str | None = None
@@ -116,7 +120,7 @@ def cmd_eval(argv: list[str]) -> int:
     sweep = (a.sweep_rates or SWEEP) if a.rate_sweep else ()
     opts = EvalConfig(data=a.data, split=a.split, tasks=a.tasks, task_dir=a.task_dir, limit=a.limit, mode=mode,
                       batch_size=a.batch_size, max_bytes=a.max_bytes, skip_bytes=a.skip_bytes,
-                      per_document=a.per_document, bpe_tokenizer=a.bpe_tokenizer,
+                      per_document=a.per_document, by_class=a.by_class, bpe_tokenizer=a.bpe_tokenizer,
                       heldout=a.heldout, robustness=a.robustness, progress=a.progress, rate=a.rate,
                       rate_sweep=tuple(sweep), sweep_bytes=a.sweep_bytes)
     loaded = load(a.checkpoint, resolve_device(a.device))
@@ -127,6 +131,8 @@ def cmd_eval(argv: list[str]) -> int:
     if (a.rate is not None or sweep) and not model.boundary.rate_knob:
         raise UsageError(f"--rate / --rate-sweep: --boundaries {model.bcfg.boundaries} has no rate knob (a learned "
                          "policy has)")
+    if a.by_class and getattr(model, "predicts_tokens", False):
+        raise UsageError(f"--by-class: {a.checkpoint} is a BPE transformer, whose bits are per token, not per byte")
     cfg = loaded.cfg or TrainConfig(model=model.cfg, boundary=model.bcfg, data=DataConfig(seq_len=loaded.seq_len))
     where = ckpt or loaded.hub_id or loaded.path
     print(f"learntok eval {a.checkpoint}: {where}", file=sys.stderr)

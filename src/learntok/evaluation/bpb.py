@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from learntok.boundaries import BoundaryOutput
 from learntok.bpb import LN2, byte_targets
 from learntok.draw import EVAL_SEED
+from learntok.evaluation.byteclass import ClassBits
 from learntok.evaluation.stats import ratio_se
 from learntok.vocab import BOS, IGNORE, PAD
 
@@ -131,7 +132,7 @@ def _progress(total: int, desc: str, enabled: bool):
 @torch.no_grad()
 def heldout_bpb(model, seqs, bm: BoundaryMode, *, batch_size: int = 8, max_bytes: int = 0, skip_bytes: int = 0,
                 per_document: bool = False, references: dict | None = None, progress: bool = False,
-                stats=None) -> dict:
+                stats=None, by_class: bool = False) -> dict:
     """Bits per byte of the sequences of a `learntok.data.ByteSequences` (max_bytes // seq_len of them, or all
     when max_bytes is 0, starting after the first skip_bytes of the stream, rounded up to whole sequences: text
     earlier screens have read can be left out), counting byte targets only (not EOS separators), with the
@@ -140,7 +141,9 @@ def heldout_bpb(model, seqs, bm: BoundaryMode, *, batch_size: int = 8, max_bytes
     within the scored range, and each sequence's (the units of a paired bootstrap,
     `learntok.evaluation.stats.paired_bootstrap`; one boundary draw only). `stats` (a BoundaryStats) collects
     the boundaries of the first draw, compared with `references` (name -> ByteSequences whose flags are
-    reference boundaries)."""
+    reference boundaries). `by_class` also returns the bits and bytes of each byte class of the first draw
+    (`learntok.evaluation.byteclass`: word starts, the rest of words, spaces, punctuation), for a model that
+    predicts bytes."""
     if skip_bytes < 0:
         raise ValueError(f"skip_bytes must be non-negative, got {skip_bytes}")
     first = -(-skip_bytes // seqs.seq_len)
@@ -149,6 +152,10 @@ def heldout_bpb(model, seqs, bm: BoundaryMode, *, batch_size: int = 8, max_bytes
                          f"{len(seqs)} of {seqs.seq_len} bytes)")
     if per_document and bm.draws > 1:
         raise ValueError("per-document scores need one boundary draw (a k-sample average is per sequence)")
+    if by_class and getattr(model, "predicts_tokens", False):
+        raise ValueError("a byte-class breakdown needs a model that predicts bytes: a BPE transformer's bits are "
+                         "per token")
+    classes = ClassBits() if by_class else None
     device = next(model.parameters()).device
     n = len(seqs) - first if max_bytes <= 0 else min(len(seqs) - first, max(1, max_bytes // seqs.seq_len))
     ll = np.zeros((bm.draws, n))
@@ -181,6 +188,8 @@ def heldout_bpb(model, seqs, bm: BoundaryMode, *, batch_size: int = 8, max_bytes
                             doc_bytes[doc] = doc_bytes.get(doc, 0) + length
                 if k == 0:
                     n_tok += int(count.sum())
+                    if classes is not None:
+                        classes.add(ids, targets, torch.where(byte, nll, 0.0).double() / LN2)
                     if stats is not None:
                         refs = {name: torch.from_numpy(r.flag_batch(idx)[:, :-1]).to(device)
                                 for name, r in (references or {}).items()}
@@ -199,6 +208,8 @@ def heldout_bpb(model, seqs, bm: BoundaryMode, *, batch_size: int = 8, max_bytes
         out_d["per_document"] = {"documents": docs, "bits": [doc_bits[d] for d in docs],
                                  "bytes": [doc_bytes[d] for d in docs]}
         out_d["per_sequence"] = {"bits": (-ll[0] / LN2).tolist(), "bytes": n_bytes.astype(int).tolist()}
+    if classes is not None:
+        out_d["by_class"] = classes.result()
     if bm.draws > 1:  # the plain average of the k per-sample BPBs, for reference
         out_d["bpb_mean_over_samples"] = float(np.mean([-row.sum() / LN2 / n_bytes.sum() for row in ll]))
     return out_d

@@ -14,6 +14,7 @@ import json
 import math
 from pathlib import Path
 
+from learntok.evaluation.byteclass import class_difference
 from learntok.evaluation.report import read_eval
 from learntok.evaluation.stats import interval_text
 from learntok.evaluation.tasks import TASKS
@@ -189,13 +190,20 @@ def paired_bpb(path_a: str | Path, path_b: str | Path, *, resamples: int = 10_00
     unit = "documents" if len(a["per_document"]["documents"]) >= MIN_DOCUMENTS else "sequences"
     key = "per_document" if unit == "documents" else "per_sequence"
     res = paired_bootstrap(a[key]["bits"], b[key]["bits"], a[key]["bytes"], resamples=resamples, seed=seed)
+    classes = class_difference(a["by_class"], b["by_class"]) if "by_class" in a and "by_class" in b else None
     return {"a": str(path_a), "b": str(path_b), "bpb_a": a["bpb"], "bpb_b": b["bpb"], "data": a.get("data"),
-            "split": a.get("split"), "bytes": a["bytes"], "unit": unit, **res}
+            "split": a.get("split"), "bytes": a["bytes"], "unit": unit, **res,
+            **({"by_class": classes} if classes else {})}
 
 
 def format_paired(p: dict) -> str:
-    """One line: the difference, its interval and the reading."""
+    """One line: the difference, its interval and the reading; then, when both runs were evaluated --by-class,
+    a line per byte class: its share of the bytes, A − B in its bits per byte, and its part of the difference."""
     word = "tie" if p["tie"] else ("A better" if p["mean"] < 0 else "B better")
-    return (f"held-out BPB {p['a']} − {p['b']}: {interval_text(p)} {word} "
+    line = (f"held-out BPB {p['a']} − {p['b']}: {interval_text(p)} {word} "
             f"({p['bpb_a']:.4f} vs {p['bpb_b']:.4f}; paired bootstrap over {p['units']} {p['unit']}, {p['bytes']:,} "
             f"bytes, {p['resamples']:,} resamples, {p['level']:.0%})")
+    for c in p.get("by_class", []):
+        line += (f"\n  {c['class']:<12} {c['share']:6.1%} of the bytes: A − B {c['diff']:+.4f} BPB there, "
+                 f"{c['contribution']:+.4f} of the difference" if c["diff"] is not None else f"\n  {c['class']}: none")
+    return line

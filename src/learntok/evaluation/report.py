@@ -50,6 +50,8 @@ class EvalConfig:
     """Held-out bytes left out at the start of the split (rounded up to whole sequences)."""
     per_document: bool = False
     """Also each document's held-out bits and bytes (for `learntok compare --paired`)."""
+    by_class: bool = False
+    """Also the held-out bits and bytes of each byte class (learntok.evaluation.byteclass)."""
     bpe_tokenizer: str | None = None
     """tokenizer.json of a byte-level BPE to compare boundaries with."""
     heldout: bool = True
@@ -161,7 +163,7 @@ def evaluate_model(cfg, model, opts: EvalConfig, log: Callable[[str], None] = pr
         stats = BoundaryStats()
         res = heldout_bpb(model, seqs, bm, batch_size=opts.batch_size, max_bytes=max_bytes,
                           skip_bytes=opts.skip_bytes, per_document=opts.per_document, references=refs,
-                          progress=opts.progress, stats=stats)
+                          progress=opts.progress, stats=stats, by_class=opts.by_class)
         report["heldout"] = {"data": desc, "split": opts.split if opts.data is None else None, **res,
                              "seconds": time.perf_counter() - t}
         report["boundary_stats"] = stats.result()
@@ -256,6 +258,12 @@ def format_report(report: dict, title: str = "") -> str:
                       f"in {h['sequences']} sequences of {h['seq_len']})"]
         if "bpb_mean_over_samples" in h:
             lines.append(f"  mean of the per-sample BPBs: {h['bpb_mean_over_samples']:.4f}")
+        if "by_class" in h:
+            c = h["by_class"]
+            total = sum(c["bytes"]) or 1
+            lines.append("  by byte class: " + "; ".join(
+                f"{name} {n / total:.0%} of the bytes, {bits / n:.4f} BPB" if n else f"{name}: none"
+                for name, bits, n in zip(c["classes"], c["bits"], c["bytes"], strict=True)))
     s = report.get("boundary_stats")
     if s:
         q = s["bytes_per_token_p10_p50_p90"]
