@@ -791,11 +791,11 @@ def cmd_classes(args) -> None:
     from learntok.data import ByteSequences, load_split
     from learntok.evaluation.bpb import BoundaryMode, heldout_bpb
 
-    done = {r["run"] for r in records.load(args.class_results)}
+    done = {_scored(r) for r in records.load(args.class_results)}
     rows = _at_chosen_width([r for r in records.load(args.results) if not r.get("retired")])
     for r in sorted(rows, key=lambda r: (r["seed"], CLASS_ARMS.index(r["arm"]) if r["arm"] in CLASS_ARMS else 0)):
         scale, match, _, series = _budget_key(r)
-        if r["arm"] not in CLASS_ARMS or (scale, match, series) != (1.0, "flops-total", "") or r["run"] in done:
+        if r["arm"] not in CLASS_ARMS or (scale, match, series) != (1.0, "flops-total", "") or _scored(r) in done:
             continue
         run = _out_path(args.out, r["run_dir"])
         if not (run / "latest").exists():
@@ -811,21 +811,28 @@ def cmd_classes(args) -> None:
         rec = records.make(f"{STUDY}-classes", r["arm"], r["seed"], command=sys.argv, run=r["run"],
                            budget=r["budget"], test={k: res[k] for k in ("bpb", "bytes", "by_class")})
         records.append(args.class_results, rec)
-        done.add(r["run"])
+        done.add(_scored(r))
         print(f"{run.name}: " + ", ".join(f"{c} {bits / n:.4f}" for c, bits, n in zip(
             *(res["by_class"][k] for k in ("classes", "bits", "bytes")), strict=True)), flush=True)
 
 
-def classes_table(path: Path = CLASS_RECORDS) -> str:
+def _scored(r: dict) -> tuple[str, float]:
+    """Which training of a run a record scored: its directory's name and test BPB (a run retired and trained again
+    keeps its name)."""
+    return r["run"], round(r["test"]["bpb"], 6)
+
+
+def classes_table(path: Path = CLASS_RECORDS, results: Path = RECORDS) -> str:
     """Where learned's lead lies: per byte class, its share of the test bytes, learned-ngrams' bits per byte there,
     and against each other arm of CLASS_ARMS learned − it in that class's bits per byte and the class's part of
     the whole gap (its bits of learned − the other's, over all bytes: the parts add up to the gap), mean and 95 % t
-    over the seeds both have."""
+    over the seeds both have; only the records of runs still current in `results`."""
     from learntok import records
     from learntok.evaluation.byteclass import class_difference
     from learntok.evaluation.stats import paired_interval
 
-    recs = {(r["arm"], r["seed"]): r["test"]["by_class"] for r in records.load(path)}
+    current = {_scored(r) for r in records.load(results) if not r.get("retired")}
+    recs = {(r["arm"], r["seed"]): r["test"]["by_class"] for r in records.load(path) if _scored(r) in current}
     if not recs:
         return "(no records yet)\n"
     base, others = CLASS_ARMS[0], [a for a in CLASS_ARMS[1:] if any(k[0] == a for k in recs)]
