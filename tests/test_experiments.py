@@ -402,6 +402,69 @@ def test_allocation_width_check_trains_a_step_wider_then_validations_choice_and_
         pytest.approx(1.925), pytest.approx(0.025), 2)
 
 
+def test_allocation_classes_scores_current_x1_byte_runs_once_and_the_table_splits_the_gap(tmp_path, monkeypatch,
+                                                                                           capsys):
+    """`classes` breaks down each current x1 matched-total-FLOPs run of the byte arms (not other budgets, clock
+    series, retired runs, the BPE transformer, or a run already scored), refuses a score that is not its record's,
+    names a run without a checkpoint; the table gives each class's share, learned's BPB there, and learned − each
+    arm there and as a part of the gap, the parts adding up to the gap."""
+    alloc = _allocation()
+
+    def classes(scale):  # learned better on word starts by 0.1 bits per byte there
+        return {"classes": ["word start", "word inside", "space", "punctuation"],
+                "bits": [(2.0 - 0.1 * (scale < 2)) * 10, 20.0 * scale, 5.0, 5.0], "bytes": [10, 20, 5, 5]}
+
+    def final(arm, seed, scale=1.0, **budget):
+        c = classes(1.0 if arm.startswith("learned") else 2.0)
+        run = f"final-{arm}-x1-seed{seed}"
+        return records.make("allocation", arm, seed, command="x", run=run, run_dir=str(tmp_path / run),
+                            test={"bpb": sum(c["bits"]) / 40 + seed / 100, "bytes": 40},
+                            budget={"scale": scale, "match": "flops-total", "flops_budget": 1e2, **budget})
+
+    results, out = tmp_path / "records.jsonl", tmp_path / "classes.jsonl"
+    rows = [final(a, s) for a in ("learned-ngrams", "flat-ngrams") for s in (0, 1, 2)]
+    rows += [final("bpe-lm-ngrams", 0), final("learned-ngrams", 5, scale=0.5),
+             final("learned-ngrams", 6, match="time", series="x"), {**final("flat-ngrams", 7), "retired": {"now": []}}]
+    rows[-2]["budget"]["match"] = "time"
+    records.write(results, rows)
+    for r in rows:
+        if r["run"] != "final-flat-ngrams-x1-seed2":  # its checkpoint is gone
+            (tmp_path / r["run"]).mkdir(exist_ok=True)
+            (tmp_path / r["run"] / "latest").write_text("step_1")
+    scored = []
+
+    def scores(run, test_bytes):
+        scored.append(run.name)
+        r = next(r for r in rows if r["run"] == run.name)
+        return {"bpb": r["test"]["bpb"], "bytes": 40,
+                "by_class": classes(1.0 if r["arm"].startswith("learned") else 2.0)}
+
+    monkeypatch.setattr(alloc, "_class_scores", scores)
+    args = ["run.py", "classes", "--out", str(tmp_path), "--results", str(results), "--class-results", str(out)]
+    monkeypatch.setattr(sys, "argv", args)
+    alloc.main()
+    assert sorted(scored) == sorted(f"final-{a}-x1-seed{s}" for a in ("learned-ngrams", "flat-ngrams")
+                                    for s in (0, 1, 2) if (a, s) != ("flat-ngrams", 2))
+    assert "final-flat-ngrams-x1-seed2: no checkpoint here" in capsys.readouterr().out
+    alloc.main()  # everything scored: nothing again
+    assert len(scored) == 5
+    head, _, *table = alloc.classes_table(out, results).splitlines()  # one budget: only x1 has learned and flat
+    assert head == "Budget x1, matched total FLOPs (each method at its x1 allocation):"
+    assert table[0].startswith("| byte class | share of the bytes | learned-ngrams BPB there | learned − flat: BPB")
+    word_start = table[2].split(" | ")
+    assert word_start[:3] == ["| word start", "25.0%", "1.9000 ± 0.0000"]
+    assert word_start[3].startswith("-0.1000 [-0.1000, -0.1000]") and word_start[4].startswith("-0.0250 [")
+    assert table[3].split(" | ")[4].startswith("-0.5000 [")  # word inside: 20 bytes x -1 bit over 40
+    assert table[-1].split(" | ")[3].startswith("-0.5250 [") and table[-1].endswith("| (2 seeds) |")  # the gap
+    records.write(results, [{**r, "retired": {"now": []}} if r["arm"] == "flat-ngrams" else r for r in rows])
+    assert "flat" not in alloc.classes_table(out, results)  # retired runs' breakdowns leave the table
+    bad = rows[0]["test"]["bpb"] + 0.01
+    monkeypatch.setattr(alloc, "_class_scores", lambda run, n: {"bpb": bad, "bytes": 40, "by_class": classes(1.0)})
+    records.write(results, [{**rows[0], "test": {"bpb": 1.0, "bytes": 40}}])
+    with pytest.raises(SystemExit, match="not the same model or text"):
+        alloc.main()
+
+
 def test_allocation_retire_moves_stale_runs_aside_and_keeps_their_records_out_of_the_tables(tmp_path, monkeypatch):
     """A later sweep stage that changes an allocation (BPE's vocabulary) makes the arm's finished runs stale:
     `retire` moves exactly those runs aside (with their logs), marks their records retired (the run directory

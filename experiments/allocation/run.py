@@ -782,29 +782,26 @@ token)."""
 
 
 def cmd_classes(args) -> None:
-    """Score each current x1 matched-total-FLOPs run of CLASS_ARMS again on `evaluate`'s test bytes with its bits
-    broken down by byte class (learntok.evaluation.byteclass: word starts, the rest of words, spaces, punctuation),
-    into records-classes.jsonl: which bytes learned's lead over each method is made of. Runs already there are
-    skipped; a run without its checkpoint (restored from its record) is named and skipped."""
+    """Score each current run of CLASS_ARMS at budget x --scale (matched total FLOPs; with --clock its clock
+    series' runs instead) again on `evaluate`'s test bytes with its bits broken down by byte class
+    (learntok.evaluation.byteclass: word starts, the rest of words, spaces, punctuation), into
+    records-classes.jsonl: which bytes learned's lead over each method is made of. Runs already there are skipped;
+    a run without its checkpoint (restored from its record on a machine that did not train it) is named and
+    skipped."""
     from learntok import records
-    from learntok.checkpoint import load_run
-    from learntok.data import ByteSequences, load_split
-    from learntok.evaluation.bpb import BoundaryMode, heldout_bpb
 
     done = {_scored(r) for r in records.load(args.class_results)}
     rows = _at_chosen_width([r for r in records.load(args.results) if not r.get("retired")])
     for r in sorted(rows, key=lambda r: (r["seed"], CLASS_ARMS.index(r["arm"]) if r["arm"] in CLASS_ARMS else 0)):
         scale, match, _, series = _budget_key(r)
-        if r["arm"] not in CLASS_ARMS or (scale, match, series) != (1.0, "flops-total", "") or _scored(r) in done:
+        view = scale == args.scale and (match == "time" if args.clock else (match, series) == ("flops-total", ""))
+        if r["arm"] not in CLASS_ARMS or not view or _scored(r) in done:
             continue
         run = _out_path(args.out, r["run_dir"])
         if not (run / "latest").exists():
             print(f"{run.name}: no checkpoint here (restored from its record?); skipped", flush=True)
             continue
-        cfg, model = load_run(run)
-        seqs = ByteSequences(load_split(cfg.data, "test")[1], cfg.data.seq_len, cfg.data.pack,
-                             annotate=model.boundary.annotator)
-        res = heldout_bpb(model, seqs, BoundaryMode(), skip_bytes=SKIP_BYTES, max_bytes=args.test_bytes, by_class=True)
+        res = _class_scores(run, args.test_bytes)
         if res["bytes"] != r["test"]["bytes"] or abs(res["bpb"] - r["test"]["bpb"]) > 1e-4:
             sys.exit(f"{run.name}: scored {res['bpb']:.5f} on {res['bytes']:,} bytes, its record "
                      f"{r['test']['bpb']:.5f} on {r['test']['bytes']:,}: not the same model or text")
@@ -816,6 +813,18 @@ def cmd_classes(args) -> None:
             *(res["by_class"][k] for k in ("classes", "bits", "bytes")), strict=True)), flush=True)
 
 
+def _class_scores(run: Path, test_bytes: int) -> dict:
+    """A final run's test bits per byte class on `evaluate`'s test bytes (after the first 256 KB)."""
+    from learntok.checkpoint import load_run
+    from learntok.data import ByteSequences, load_split
+    from learntok.evaluation.bpb import BoundaryMode, heldout_bpb
+
+    cfg, model = load_run(run)
+    seqs = ByteSequences(load_split(cfg.data, "test")[1], cfg.data.seq_len, cfg.data.pack,
+                         annotate=model.boundary.annotator)
+    return heldout_bpb(model, seqs, BoundaryMode(), skip_bytes=SKIP_BYTES, max_bytes=test_bytes, by_class=True)
+
+
 def _scored(r: dict) -> tuple[str, float]:
     """Which training of a run a record scored: its directory's name and test BPB (a run retired and trained again
     keeps its name)."""
@@ -823,41 +832,56 @@ def _scored(r: dict) -> tuple[str, float]:
 
 
 def classes_table(path: Path = CLASS_RECORDS, results: Path = RECORDS) -> str:
-    """Where learned's lead lies: per byte class, its share of the test bytes, learned-ngrams' bits per byte there,
-    and against each other arm of CLASS_ARMS learned − it in that class's bits per byte and the class's part of
-    the whole gap (its bits of learned − the other's, over all bytes: the parts add up to the gap), mean and 95 % t
-    over the seeds both have; only the records of runs still current in `results`."""
+    """Where learned's lead lies, a table per budget (scale, match, clock series) that has learned-ngrams' runs:
+    per byte class, its share of the test bytes, learned-ngrams' bits per byte there, and against each other arm
+    of CLASS_ARMS learned − it in that class's bits per byte and the class's part of the whole gap (its bits of
+    learned − the other's, over all bytes: the parts add up to the gap), mean and 95 % t over the seeds both have;
+    only the records of runs still current in `results`."""
     from learntok import records
+
+    current = {_scored(r) for r in records.load(results) if not r.get("retired")}
+    recs = [r for r in records.load(path) if _scored(r) in current]
+    out = []
+    for key in sorted({_budget_key(r) for r in recs}, key=_view_order):
+        view = {(r["arm"], r["seed"]): r["test"]["by_class"] for r in recs if _budget_key(r) == key}
+        if table := _class_view(view):
+            series = f", clock series {key[3]}" if key[3] else ""
+            walloc = any(r["budget"].get("allocation") == "clock" for r in recs if _budget_key(r) == key)
+            shape = "each method at its wall-clock allocation" if walloc else "each method at its x1 allocation"
+            out += [f"Budget x{key[0]:g}, matched {VIEWS[key[1]]}{series} ({shape}):", "", table]
+    return "\n".join(out) or "(no records yet)\n"
+
+
+def _class_view(recs: dict[tuple[str, int], dict]) -> str:
+    """`classes_table`'s table for one budget's breakdowns {(arm, seed): by_class}; "" without learned's."""
     from learntok.evaluation.byteclass import class_difference
     from learntok.evaluation.stats import paired_interval
 
-    current = {_scored(r) for r in records.load(results) if not r.get("retired")}
-    recs = {(r["arm"], r["seed"]): r["test"]["by_class"] for r in records.load(path) if _scored(r) in current}
-    if not recs:
-        return "(no records yet)\n"
-    base, others = CLASS_ARMS[0], [a for a in CLASS_ARMS[1:] if any(k[0] == a for k in recs)]
+    base = CLASS_ARMS[0]
     mine = {s: c for (a, s), c in recs.items() if a == base}
+    others = [a for a in CLASS_ARMS[1:] if any((a, s) in recs for s in mine)]
+    if not mine or not others:
+        return ""
     head = ["byte class", "share of the bytes", f"{base} BPB there"]
     for other in others:
         name = other.removesuffix("-ngrams")
         head += [f"learned − {name}: BPB there", f"learned − {name}: part of the gap"]
-    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     first = next(iter(mine.values()))
-    rows = [[c, f"{n / sum(first['bytes']):.1%}",
-             arms.mean_se([m["bits"][i] / m["bytes"][i] for m in mine.values()])]
+    rows = [[c, f"{n / sum(first['bytes']):.1%}", arms.mean_se([m["bits"][i] / m["bytes"][i] for m in mine.values()])]
             for i, (c, n) in enumerate(zip(first["classes"], first["bytes"], strict=True))]
     rows.append(["**all**", "100 %", arms.mean_se([sum(m["bits"]) / sum(m["bytes"]) for m in mine.values()])])
+
+    def cell(values: list[float]) -> str:
+        return interval_text(paired_interval(values), tie=True) if len(values) > 1 else f"{values[0]:+.4f} (1 seed)"
+
     for other in others:
         seeds = sorted(s for (a, s) in recs if a == other and s in mine)
         diffs = [class_difference(mine[s], recs[other, s]) for s in seeds]
-
-        def cell(values: list[float]) -> str:
-            return interval_text(paired_interval(values), tie=True) if len(values) > 1 else f"{values[0]:+.4f}"
-
         for i, row in enumerate(rows[:-1]):
             row += [cell([d[i]["diff"] for d in diffs]), cell([d[i]["contribution"] for d in diffs])]
         rows[-1] += [cell([sum(c["contribution"] for c in d) for d in diffs]), f"({len(seeds)} seeds)"]
-    return "\n".join(out + ["| " + " | ".join(row) + " |" for row in rows]) + "\n"
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows]) + "\n"
 
 
 VIEWS = {"flops-total": "total FLOPs", "time": "wall-clock", "flops-6n": "6N FLOPs (the paper's)",
@@ -1581,10 +1605,12 @@ def main() -> None:
     o.add_argument("--out", type=Path, default=Path("runs/alloc"))
     o.add_argument("--results", type=Path, default=RECORDS)
     o.add_argument("--sweep-results", type=Path, default=SWEEP_RECORDS)
-    k = sub.add_parser("classes", help="the x1 byte arms' test bits by byte class (where learned's lead lies)")
+    k = sub.add_parser("classes", help="the byte arms' test bits by byte class (where learned's lead lies)")
     k.add_argument("--out", type=Path, default=Path("runs/alloc"))
     k.add_argument("--results", type=Path, default=RECORDS)
     k.add_argument("--class-results", type=Path, default=CLASS_RECORDS)
+    k.add_argument("--scale", type=float, default=1.0, help="the budget's runs (x1 by default)")
+    k.add_argument("--clock", action="store_true", help="its clock series' runs instead of matched total FLOPs")
     k.add_argument("--test-bytes", type=int, default=TEST_BYTES, help="test bytes scored, after the first 256 KB")
     r = sub.add_parser("report", help="the tables")
     r.add_argument("--results", type=Path, default=RECORDS)
