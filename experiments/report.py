@@ -389,6 +389,7 @@ def allocation(records_file: str) -> callable:
 BLOCKS = {"allocation": allocation("records.jsonl"), "allocation-preset": allocation("records-preset.jsonl"),
           "allocation-sweep": lambda: _script("allocation").sweep_table(),
           "allocation-levers": lambda: _script("allocation").levers_table(), "allocation-cost": study_cost,
+          "allocation-classes": lambda: _script("allocation").classes_table(),
           "rates": rates("table"), "rates-calibration": rates("calibration"), "rates-screen": rates("screen"),
           "rates-planted": rates("planted"), "rates-levers": rates("levers"), "rates-swap": rates("swap"),
           "embeddings-speed": embeddings_speed,

@@ -14,6 +14,7 @@ wall-clock.
     python experiments/allocation/run.py final --data DATA/enwiki --out runs/alloc --scale 4 --allocation wider
     python experiments/allocation/run.py final --data DATA/enwiki --out runs/alloc --scale 4 --allocation chosen
     python experiments/allocation/run.py evaluate --out runs/alloc
+    python experiments/allocation/run.py classes --out runs/alloc --scale 0.5     # the test bits by byte class
     python experiments/allocation/run.py retire --out runs/alloc    # after a sweep stage changed an allocation
     python experiments/allocation/run.py report
     python experiments/allocation/run.py restore --out runs/alloc   # on a new machine: OUT's bookkeeping from records
@@ -879,7 +880,8 @@ def _class_view(recs: dict[tuple[str, int], dict]) -> str:
         diffs = [class_difference(mine[s], recs[other, s]) for s in seeds]
         for i, row in enumerate(rows[:-1]):
             row += [cell([d[i]["diff"] for d in diffs]), cell([d[i]["contribution"] for d in diffs])]
-        rows[-1] += [cell([sum(c["contribution"] for c in d) for d in diffs]), f"({len(seeds)} seeds)"]
+        rows[-1] += [cell([sum(c["contribution"] for c in d) for d in diffs]),
+                     f"({len(seeds)} seed{'s' if len(seeds) > 1 else ''})"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows]) + "\n"
 
