@@ -335,6 +335,7 @@ def test_allocation_width_check_trains_a_step_wider_then_validations_choice_and_
     assert alloc._widened({"d-model": "128", "n-heads": "2"}) == {"d-model": "192", "n-heads": "3"}
     with pytest.raises(SystemExit, match="d-model 192 has no wider step"):
         alloc._widened({"d-model": "192", "n-heads": "3"})
+    assert alloc._widened({"n-mid": "2"}) == {"n-mid": "2", "d-model": "192", "n-heads": "3"}  # the preset's 128
     monkeypatch.setattr(alloc, "allocation", lambda out, m, clock=False, strict=True, ngrams=False:
                         {"d-model": "96" if m == "uniform" else "64", "n-heads": "2", "n-mid": "2"})
     calls = {}

@@ -579,11 +579,13 @@ def _other_allocation(run: Path, done: dict | None, flags: list[str]) -> bool:
 def _widened(chosen: dict[str, str]) -> dict[str, str]:
     """An allocation one step up stage 1's width axis (WIDTH: d_model with its heads), the rest kept: the width
     check of a budget the sweeps did not reach (`final --allocation wider`)."""
+    from learntok.cli.train import parse_train_args
+
     names, values = WIDTH.split("=")
     steps = [dict(zip(names.split(","), v.split(":"))) for v in values.split(",")]
-    at = next((i for i, step in enumerate(steps) if step["d-model"] == chosen.get("d-model")), None)
+    width = chosen.get("d-model") or str(parse_train_args(["--preset", "small"]).model.d_model)  # unswept: the preset's
+    at = next((i for i, step in enumerate(steps) if step["d-model"] == width), None)
     if at is None or at + 1 == len(steps):
-        width = chosen.get("d-model", "of the preset")
         sys.exit(f"--allocation wider: d-model {width} has no wider step on stage 1's width axis ({WIDTH})")
     return {**chosen, **steps[at + 1]}
 
