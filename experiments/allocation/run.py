@@ -849,8 +849,9 @@ def classes_table(path: Path = CLASS_RECORDS, results: Path = RECORDS) -> str:
         view = {(r["arm"], r["seed"]): r["test"]["by_class"] for r in recs if _budget_key(r) == key}
         if table := _class_view(view):
             series = f", clock series {key[3]}" if key[3] else ""
-            walloc = any(r["budget"].get("allocation") == "clock" for r in recs if _budget_key(r) == key)
-            shape = "each method at its wall-clock allocation" if walloc else "each method at its x1 allocation"
+            shapes = {r["budget"].get("allocation") for r in recs if _budget_key(r) == key}
+            shape = "each method at its " + ("wall-clock allocation" if "clock" in shapes else
+                                             WIDTH_CHOSEN if "wider" in shapes else "x1 allocation")
             out += [f"Budget x{key[0]:g}, matched {VIEWS[key[1]]}{series} ({shape}):", "", table]
     return "\n".join(out) or "(no records yet)\n"
 
