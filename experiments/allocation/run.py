@@ -669,8 +669,8 @@ def cmd_final(args) -> None:
     if args.allocation == "chosen":  # its runs' records' _budget_key, and the records of both shapes
         from learntok import records
 
-        view = (args.scale, f"flops-{args.convention}",
-                float(f"{budget(args.scale, args.budget_bytes, args.convention):.4g}"), "")
+        view = _budget_key({"budget": {"scale": args.scale, "match": f"flops-{args.convention}",
+                                       "flops_budget": budget(args.scale, args.budget_bytes, args.convention)}})
         current = [r for r in records.load(args.results) if not r.get("retired")]
     for seed in args.seeds:
         for arm, method, ngrams in _arms(args.ngrams):
@@ -749,11 +749,20 @@ def _at_chosen_width(rows: list[dict]) -> list[dict]:
             or (choice[k] == "wider") == _wider(r)]
 
 
+def _heldout(cfg, model, split: str, **kw) -> dict:
+    """`model`'s held-out BPB on its data's `split` (learntok.evaluation.bpb.heldout_bpb's keywords `kw`): how
+    `evaluate` and `classes` score a final run."""
+    from learntok.data import ByteSequences, load_split
+    from learntok.evaluation.bpb import BoundaryMode, heldout_bpb
+
+    seqs = ByteSequences(load_split(cfg.data, split)[1], cfg.data.seq_len, cfg.data.pack,
+                         annotate=model.boundary.annotator)
+    return heldout_bpb(model, seqs, BoundaryMode(), **kw)
+
+
 def cmd_evaluate(args) -> None:
     from learntok import records
     from learntok.checkpoint import load_run
-    from learntok.data import ByteSequences, load_split
-    from learntok.evaluation.bpb import BoundaryMode, heldout_bpb
 
     done = {r["run_dir"] for r in records.load(args.results)}
     for path in sorted(args.out.glob("final-*/final.json")):
@@ -764,12 +773,9 @@ def cmd_evaluate(args) -> None:
         if res.get("restored"):  # `restore` wrote it from its record: scored already, and it has no checkpoint
             continue
         cfg, model = load_run(run)
-        scores = {}
-        for split, kw in (("val", {"max_bytes": args.val_bytes}),
-                          ("test", {"skip_bytes": SKIP_BYTES, "max_bytes": args.test_bytes, "per_document": True})):
-            seqs = ByteSequences(load_split(cfg.data, split)[1], cfg.data.seq_len, cfg.data.pack,
-                                 annotate=model.boundary.annotator)
-            scores[split] = heldout_bpb(model, seqs, BoundaryMode(), **kw)
+        scores = {split: _heldout(cfg, model, split, **kw) for split, kw in (
+            ("val", {"max_bytes": args.val_bytes}),
+            ("test", {"skip_bytes": SKIP_BYTES, "max_bytes": args.test_bytes, "per_document": True}))}
         arm, seed = _parse_run(run.name)
         rec = records.make(STUDY, arm, seed, command=res.pop("command"),
                            prov=res.pop("provenance"), run=run.name, run_dir=str(run.resolve()), **res,
@@ -819,13 +825,8 @@ def cmd_classes(args) -> None:
 def _class_scores(run: Path, test_bytes: int) -> dict:
     """A final run's test bits per byte class on `evaluate`'s test bytes (after the first 256 KB)."""
     from learntok.checkpoint import load_run
-    from learntok.data import ByteSequences, load_split
-    from learntok.evaluation.bpb import BoundaryMode, heldout_bpb
 
-    cfg, model = load_run(run)
-    seqs = ByteSequences(load_split(cfg.data, "test")[1], cfg.data.seq_len, cfg.data.pack,
-                         annotate=model.boundary.annotator)
-    return heldout_bpb(model, seqs, BoundaryMode(), skip_bytes=SKIP_BYTES, max_bytes=test_bytes, by_class=True)
+    return _heldout(*load_run(run), "test", skip_bytes=SKIP_BYTES, max_bytes=test_bytes, by_class=True)
 
 
 def _scored(r: dict) -> tuple[str, float]:
@@ -844,12 +845,14 @@ def classes_table(path: Path = CLASS_RECORDS, results: Path = RECORDS) -> str:
 
     current = {_scored(r) for r in records.load(results) if not r.get("retired")}
     recs = [r for r in records.load(path) if _scored(r) in current]
+    groups: dict[tuple, list[dict]] = {}
+    for r in recs:
+        groups.setdefault(_budget_key(r), []).append(r)
     out = []
-    for key in sorted({_budget_key(r) for r in recs}, key=_view_order):
-        view = {(r["arm"], r["seed"]): r["test"]["by_class"] for r in recs if _budget_key(r) == key}
-        if table := _class_view(view):
+    for key in sorted(groups, key=_view_order):
+        if table := _class_view({(r["arm"], r["seed"]): r["test"]["by_class"] for r in groups[key]}):
             series = f", clock series {key[3]}" if key[3] else ""
-            shapes = {r["budget"].get("allocation") for r in recs if _budget_key(r) == key}
+            shapes = {r["budget"].get("allocation") for r in groups[key]}
             shape = "each method at its " + ("wall-clock allocation" if "clock" in shapes else
                                              WIDTH_CHOSEN if "wider" in shapes else "x1 allocation")
             out += [f"Budget x{key[0]:g}, matched {VIEWS[key[1]]}{series} ({shape}):", "", table]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from learntok.bpb import byte_targets
 from learntok.vocab import BOS
 
 CLASSES = ("word start", "word inside", "space", "punctuation")
@@ -20,7 +21,7 @@ SPACE = b" \t\n\r\x0b\x0c"
 
 
 def _tables() -> tuple[torch.Tensor, torch.Tensor]:
-    """(word, space): bool over every id below BOS + 1 (specials are neither)."""
+    """(word, space): bool over the byte ids and the special ids after them (specials are neither)."""
     word = torch.zeros(BOS + 8, dtype=torch.bool)
     space = torch.zeros(BOS + 8, dtype=torch.bool)
     for b in range(256):
@@ -36,7 +37,7 @@ def byte_classes(ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """(B,T) int64: the index in CLASSES of each target byte, given the byte before it (`ids`, the model's input
     at that position); -1 where the target is not a byte (EOS, PAD, IGNORE)."""
     word, space = _WORD.to(targets.device), _SPACE.to(targets.device)
-    is_byte = (targets >= 0) & (targets < 256)
+    is_byte = byte_targets(targets)
     t = torch.where(is_byte, targets, 0)
     prev = ids.clamp(0, word.numel() - 1)
     cls = torch.where(word[t], torch.where(word[prev], 1, 0), torch.where(space[t], 2, 3))
