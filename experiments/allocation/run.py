@@ -1455,10 +1455,9 @@ def study_summary(path: Path = RECORDS) -> str | None:
     before = _study_views(stage_1) if any(r.get("retired") for r in stage_1) else {}
     if not now and not before:
         return None
-    line = ("- Issue 30's study ([§8](docs/results.md#8-every-method-at-its-own-allocation)): every method at its "
-            "own best allocation for the budget (validation sweeps of width × depth, then the U-Net's byte window "
-            "and rate) with hashed byte n-gram embeddings; learned − each in test BPB on text no earlier screen "
-            "read, 95 % t over seeds (their number in brackets).")
+    line = ("- Issue 30's study ([§8](docs/results.md#8-every-method-at-its-own-allocation)): every method at the "
+            "allocation validation chose for it, with hashed byte n-gram embeddings; learned − each in test BPB on "
+            "text no earlier screen read, 95 % t over seeds (their number in brackets).")
     if not now:
         line += " At today's allocation: not yet two seeds a pair."
     for view in sorted(set(now) | set(before), key=lambda v: _view_order((*v, 0.0, ""))):
