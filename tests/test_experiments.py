@@ -1253,7 +1253,8 @@ def test_allocation_queue_runs_the_study_in_order_and_saves_after_every_step(tmp
     """experiments/allocation/queue.sh (the study's remaining steps, run again after any interruption) restores
     OUT first, collects after every sweep and scores after every final call, retires after stage 2 before any
     final, gives whitespace 3 seeds where the others get 5, runs half the budget's five n-gram arms right after clock
-    series x, the headline's controls with leaderboard's, and last the 4x budget's five n-gram arms, both at matched
+    series x, then the BPE transformer's clock sweep and clock series y (learned beside it, 5 seeds), the headline's
+    controls with leaderboard's, and last the 4x budget's five n-gram arms, both at matched
     FLOPs with 3 seeds, 4x with its width check (seed 0 at both widths, then validation's choice)."""
     log = tmp_path / "calls"
     stub = tmp_path / "python"
@@ -1301,5 +1302,12 @@ def test_allocation_queue_runs_the_study_in_order_and_saves_after_every_step(tmp
     series_x = [i for i, c in enumerate(calls) if c[1] == "final" and value(c, "--series") == "x"]
     first_control = next(i for i, c in enumerate(calls) if c[0] == "leaderboard/run.py")
     assert max(series_x) < min(at["0.5"]) and max(at["0.5"]) < first_control  # it reads series x, before the rest
+    series_y = [i for i, c in enumerate(calls) if c[1] == "final" and value(c, "--series") == "y"]
+    bpe_clock = calls.index(["allocation/run.py", "sweep", "--data", "DATA", "--out", str(tmp_path / "out"),
+                             "--clock", "--methods", "bpe-lm"])
+    assert max(at["0.5"]) < bpe_clock < min(series_y) and max(series_y) < first_control
+    assert all(value(calls[i], "--allocation") == "clock" and values(calls[i], "--arms") == [
+        "learned-ngrams", "bpe-lm-ngrams"] for i in series_y)
+    assert seeds["bpe-lm-ngrams", True, False, "1"] == set(range(5))
     controls = [c for c in calls if c[0] == "leaderboard/run.py"]
     assert [c[c.index("--arms") + 1] for c in controls] == ["uniform-ee", "learned-w1-vb-padded"]

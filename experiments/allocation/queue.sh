@@ -51,6 +51,16 @@ for s in 0 1 2; do
   final --ngrams --scale 0.5 --methods learned flat bpe-lm uniform whitespace \
     --arms learned-ngrams flat-ngrams bpe-lm-ngrams uniform-ngrams whitespace-ngrams --seeds "$s"
 done
+# 3c. the BPE transformer on the clock at today's allocations: its clock sweep (stage 1 at matched seconds, with the
+#     n-gram tables), then clock series y, learned-ngrams beside bpe-lm-ngrams, each at its wall-clock allocation,
+#     5 seeds (series c, the last clock pair of these two, trained learned at a retired allocation and BPE at its
+#     FLOPs one). Clock steps: run nothing else on the machine meanwhile
+run sweep --data "$DATA" --out "$OUT" --clock --methods bpe-lm
+run collect --out "$OUT"
+for s in 0 1 2 3 4; do
+  final --ngrams --clock --series y --allocation clock --methods learned bpe-lm \
+    --arms learned-ngrams bpe-lm-ngrams --seeds "$s"
+done
 # 4. the headline's confound controls (docs/results.md §2), records in experiments/leaderboard/
 "$PY" "$HERE/../leaderboard/run.py" run --data "$DATA" --out "$OUT/../leaderboard" \
   --results "$HERE/../leaderboard/records.jsonl" --bytes 2.4e7 --seeds 10 11 12 13 14 15 16 17 18 --arms uniform-ee
