@@ -1,6 +1,6 @@
 """Byte classes: each byte's class from it and the byte before; held-out bits broken down by class add up to the
 whole, a uniform model spends 8 bits in every class, and two runs' class differences add up to their BPB
-difference."""
+difference; each class splits again by the bytes that begin one of the model's tokens (the byte after a boundary)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from learntok.evaluation.bpb import BoundaryMode, heldout_bpb
-from learntok.evaluation.byteclass import CLASSES, byte_classes, class_difference
+from learntok.evaluation.byteclass import CLASSES, ClassBits, byte_classes, class_difference, token_split
 from learntok.vocab import BOS, EOS, IGNORE
 
 from .conftest import build_model
@@ -53,3 +53,53 @@ def test_a_model_that_predicts_tokens_has_no_byte_classes():
     model.predicts_tokens = True
     with pytest.raises(ValueError, match="needs a model that predicts bytes"):
         heldout_bpb(model, heldout_seqs(), BoundaryMode(), max_bytes=64, by_class=True)
+
+
+def test_a_tokens_first_byte_is_the_byte_after_a_boundary():
+    text = b"ab cd"
+    ids, targets = torch.tensor([[BOS, *text]]), torch.tensor([[*text, EOS]])
+    bits = torch.tensor([[1.0, 2.0, 3.0, 4.0, 5.0, 0.0]])
+    boundaries = torch.tensor([[True, False, True, True, False, True]])  # a_t: tokens "a", "b ", "c", "d"...
+    c = ClassBits()
+    c.add(ids, targets, bits, boundaries)
+    rows = {r["class"]: r for r in token_split(c.result())}
+    # first bytes: "a" (after BOS), " " (after "b"), "c" (after " "); "b" and "d" are inside their tokens
+    assert rows["word start"] == {"class": "word start", "bytes": 2, "first": 1.0, "bpb_first": 2.5, "bpb_rest": None}
+    assert rows["word inside"] == {"class": "word inside", "bytes": 2, "first": 0.0, "bpb_first": None,
+                                   "bpb_rest": 3.5}
+    assert rows["space"]["first"] == 1.0 and rows["space"]["bpb_first"] == 3.0
+    assert rows["all"] == {"class": "all", "bytes": 5, "first": 0.6, "bpb_first": 8 / 3, "bpb_rest": 3.5}
+    plain = ClassBits()
+    plain.add(ids, targets, bits)
+    assert "token_first" not in plain.result()
+
+
+@pytest.mark.parametrize("strategy", ["uniform", "flat"])
+def test_held_out_first_bytes_are_where_the_models_boundaries_are(strategy):
+    model = patch_logits(build_model(strategy), successor_logits)
+    seqs = heldout_seqs()
+    res = heldout_bpb(model, seqs, BoundaryMode(), batch_size=4, max_bytes=64 * 6, by_class=True)
+    c = res["by_class"]
+    if strategy == "flat":  # every byte a token
+        assert c["token_first"] == {"bits": c["bits"], "bytes": c["bytes"]}
+        return
+    stride, last = model.boundary.stride, model.boundary.cfg.force_last
+    expected = torch.zeros(len(CLASSES), dtype=torch.int64)
+    for i in range(6):
+        row = torch.from_numpy(seqs.batch([i]))
+        cls = byte_classes(row[:, :-1], row[:, 1:])[0]
+        t = torch.arange(cls.numel())
+        first = (t % stride == 0) | ((t == cls.numel() - 1) & last)
+        expected += torch.bincount(cls[first & (cls >= 0)], minlength=len(CLASSES))
+    assert c["token_first"]["bytes"] == expected.tolist() and 0 < sum(expected) < sum(c["bytes"])
+    split = token_split(c)
+    assert all(r["bpb_first"] is None or r["bpb_first"] > 0 for r in split)
+    assert split[-1]["first"] == pytest.approx(sum(expected).item() / res["bytes"])
+
+
+def test_a_paired_class_row_says_where_each_runs_tokens_begin():
+    a = {"classes": list(CLASSES), "bits": [40.0, 30.0, 5.0, 5.0], "bytes": [10, 20, 5, 5],
+         "token_first": {"bits": [36.0, 3.0, 5.0, 1.0], "bytes": [9, 2, 5, 1]}}
+    b = {"classes": list(CLASSES), "bits": [50.0, 30.0, 4.0, 6.0], "bytes": [10, 20, 5, 5]}
+    rows = class_difference(a, b)
+    assert [r["first_a"] for r in rows] == [0.9, 0.1, 1.0, 0.2] and all("first_b" not in r for r in rows)

@@ -245,10 +245,12 @@ def test_compare_paired_bootstraps_the_difference_over_documents(runs, tmp_path,
     for name, run in runs.items():
         paths[name] = tmp_path / f"{name}.json"
         assert cmd_eval([str(run), *base, "--out", str(paths[name])]) == 0
-    assert capsys.readouterr().out.count("by byte class: word start ") == 2  # in each report
+    out = capsys.readouterr().out
+    assert out.count("by byte class: word start ") == out.count("on a token's first byte | the rest: word start") == 2
     assert cmd_compare([str(paths["learned"]), str(paths["whitespace"]), "--paired", "--out", str(tmp_path)]) == 0
     line, *per_class = capsys.readouterr().out.splitlines()
     assert [c.split()[0] for c in per_class[:4]] == ["word", "word", "space", "punctuation"]
+    assert all(" of them (A / B)" in c for c in per_class[:4])  # where each run's tokens begin
     p = json.loads((tmp_path / "paired.json").read_text())
     a, b = (read_eval(paths[n])["heldout"] for n in ("learned", "whitespace"))
     assert p["mean"] == pytest.approx(a["bpb"] - b["bpb"], abs=1e-6) and p["lo"] <= p["mean"] <= p["hi"]

@@ -142,8 +142,8 @@ def heldout_bpb(model, seqs, bm: BoundaryMode, *, batch_size: int = 8, max_bytes
     `learntok.evaluation.stats.paired_bootstrap`; one boundary draw only). `stats` (a BoundaryStats) collects
     the boundaries of the first draw, compared with `references` (name -> ByteSequences whose flags are
     reference boundaries). `by_class` also returns the bits and bytes of each byte class of the first draw
-    (`learntok.evaluation.byteclass`: word starts, the rest of words, spaces, punctuation), for a model that
-    predicts bytes."""
+    (`learntok.evaluation.byteclass`: word starts, the rest of words, spaces, punctuation), each split by the
+    bytes that begin one of the model's tokens, for a model that predicts bytes."""
     if skip_bytes < 0:
         raise ValueError(f"skip_bytes must be non-negative, got {skip_bytes}")
     first = -(-skip_bytes // seqs.seq_len)
@@ -189,7 +189,7 @@ def heldout_bpb(model, seqs, bm: BoundaryMode, *, batch_size: int = 8, max_bytes
                 if k == 0:
                     n_tok += int(count.sum())
                     if classes is not None:
-                        classes.add(ids, targets, torch.where(byte, nll, 0.0).double() / LN2)
+                        classes.add(ids, targets, torch.where(byte, nll, 0.0).double() / LN2, out.mask)
                     if stats is not None:
                         refs = {name: torch.from_numpy(r.flag_batch(idx)[:, :-1]).to(device)
                                 for name, r in (references or {}).items()}

@@ -206,4 +206,7 @@ def format_paired(p: dict) -> str:
     for c in p.get("by_class", []):
         line += (f"\n  {c['class']:<12} {c['share']:6.1%} of the bytes: A − B {c['diff']:+.4f} BPB there, "
                  f"{c['contribution']:+.4f} of the difference" if c["diff"] is not None else f"\n  {c['class']}: none")
+        if c["diff"] is not None and ("first_a" in c or "first_b" in c):
+            line += "; a token's first byte in " + " / ".join(
+                f"{c[k]:.0%}" if k in c else "—" for k in ("first_a", "first_b")) + " of them (A / B)"
     return line

@@ -16,6 +16,7 @@ import torch
 from learntok import atomic
 from learntok.data import ByteSequences, Corpus, is_prepared, iter_documents, load_split, val_batches_with_flags
 from learntok.evaluation.bpb import BoundaryMode, check_mode, heldout_bpb
+from learntok.evaluation.byteclass import token_split
 from learntok.evaluation.diagnostics import boundary_diagnostics
 from learntok.evaluation.robustness import format_robustness, robustness
 from learntok.evaluation.stability import format_stability, stability
@@ -264,6 +265,11 @@ def format_report(report: dict, title: str = "") -> str:
             lines.append("  by byte class: " + "; ".join(
                 f"{name} {n / total:.0%} of the bytes, {bits / n:.4f} BPB" if n else f"{name}: none"
                 for name, bits, n in zip(c["classes"], c["bits"], c["bytes"], strict=True)))
+            if "token_first" in c:
+                lines.append("  on a token's first byte | the rest: " + "; ".join(
+                    f"{r['class']} {r['first']:.0%} first, "
+                    f"{_f(r['bpb_first'], '.4f')} | {_f(r['bpb_rest'], '.4f')} BPB"
+                    for r in token_split(c) if r["bytes"]))
     s = report.get("boundary_stats")
     if s:
         q = s["bytes_per_token_p10_p50_p90"]
