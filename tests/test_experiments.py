@@ -466,6 +466,41 @@ def test_allocation_classes_scores_current_x1_byte_runs_once_and_the_table_split
         alloc.main()
 
 
+def test_allocation_classes_table_says_where_each_arms_tokens_begin(tmp_path):
+    """A budget whose breakdowns carry the runs' boundaries gets a second table: per class, the share of its bytes
+    that begin one of the arm's tokens and the bits per byte there and on the rest, averaged over seeds, for each
+    U-Net arm (flat, every byte a token, left out); a budget with learned alone gets that table only."""
+    alloc = _allocation()
+
+    def rec(arm, seed, first_bytes):
+        by_class = {"classes": ["word start", "word inside", "space", "punctuation"],
+                    "bits": [20.0, 20.0, 5.0, 5.0], "bytes": [10, 20, 5, 5],
+                    "token_first": {"bits": [2.0 * first_bytes[0], 0.5 * first_bytes[1], 0.0, 0.0],
+                                    "bytes": [*first_bytes, 0, 0]}}
+        run = f"final-{arm}-x1-c-seed{seed}"
+        budget = {"scale": 1.0, "match": "time", "time_budget": 639.4, "series": "y", "allocation": "clock"}
+        return (records.make("allocation", arm, seed, command="x", run=run, test={"bpb": 1.25, "bytes": 40},
+                             budget=budget),
+                records.make("allocation-classes", arm, seed, command="x", run=run, budget=budget,
+                             test={"bpb": 1.25, "bytes": 40, "by_class": by_class}))
+
+    pairs = [rec("learned-ngrams", 0, [8, 0]), rec("learned-ngrams", 1, [10, 4]), rec("flat-ngrams", 0, [10, 20])]
+    results, out = tmp_path / "records.jsonl", tmp_path / "classes.jsonl"
+    records.write(results, [p[0] for p in pairs[:2]])
+    records.write(out, [p[1] for p in pairs[:2]])
+    head, _, *table = alloc.classes_table(out, results).splitlines()
+    assert head == "Budget x1, matched wall-clock, clock series y (each method at its wall-clock allocation):"
+    assert table[0] == ("| byte class | learned: a token's first byte (2 seeds) | learned: BPB on first bytes / the "
+                        "rest |")
+    assert table[2] == "| word start | 90.0% | 2.000 / 2.000 |"  # seed 1: no word start inside a token
+    assert table[3] == "| word inside | 10.0% | 0.500 / 1.062 |"  # seed 1's 4 first bytes; the rest 20/20, 18/16
+    assert table[5] == "| punctuation | 0.0% | — / 1.000 |" and table[6].startswith("| **all** | ")
+    records.write(results, [p[0] for p in pairs])
+    records.write(out, [p[1] for p in pairs])
+    text = alloc.classes_table(out, results)
+    assert "flat" in text and "flat: a token's first byte" not in text  # learned − flat, but no flat token table
+
+
 def test_allocation_retire_moves_stale_runs_aside_and_keeps_their_records_out_of_the_tables(tmp_path, monkeypatch):
     """A later sweep stage that changes an allocation (BPE's vocabulary) makes the arm's finished runs stale:
     `retire` moves exactly those runs aside (with their logs), marks their records retired (the run directory

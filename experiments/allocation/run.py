@@ -840,7 +840,8 @@ def classes_table(path: Path = CLASS_RECORDS, results: Path = RECORDS) -> str:
     per byte class, its share of the test bytes, learned-ngrams' bits per byte there, and against each other arm
     of CLASS_ARMS learned − it in that class's bits per byte and the class's part of the whole gap (its bits of
     learned − the other's, over all bytes: the parts add up to the gap), mean and 95 % t over the seeds both have;
-    only the records of runs still current in `results`."""
+    then, for runs scored with their boundaries, where each U-Net arm's tokens begin (`_token_view`); only the
+    records of runs still current in `results`."""
     from learntok import records
 
     current = {_scored(r) for r in records.load(results) if not r.get("retired")}
@@ -850,13 +851,51 @@ def classes_table(path: Path = CLASS_RECORDS, results: Path = RECORDS) -> str:
         groups.setdefault(_budget_key(r), []).append(r)
     out = []
     for key in sorted(groups, key=_view_order):
-        if table := _class_view({(r["arm"], r["seed"]): r["test"]["by_class"] for r in groups[key]}):
+        breakdowns = {(r["arm"], r["seed"]): r["test"]["by_class"] for r in groups[key]}
+        tables = [t for t in (_class_view(breakdowns), _token_view(breakdowns)) if t]
+        if tables:
             series = f", clock series {key[3]}" if key[3] else ""
             shapes = {r["budget"].get("allocation") for r in groups[key]}
             shape = "each method at its " + ("wall-clock allocation" if "clock" in shapes else
                                              WIDTH_CHOSEN if "wider" in shapes else "x1 allocation")
-            out += [f"Budget x{key[0]:g}, matched {VIEWS[key[1]]}{series} ({shape}):", "", table]
+            out += [f"Budget x{key[0]:g}, matched {VIEWS[key[1]]}{series} ({shape}):", ""]
+            out += [x for t in tables for x in (t, "")][:-1]
     return "\n".join(out) or "(no records yet)\n"
+
+
+def _token_view(recs: dict[tuple[str, int], dict]) -> str:
+    """Where each arm's own tokens begin, for one budget's breakdowns {(arm, seed): by_class} (those scored with
+    their boundaries; "" without any): per byte class, the fraction of its bytes that are a token's first byte and
+    bits per byte on those and on the rest, each the mean over the arm's seeds (flat, every byte a token, left
+    out)."""
+    from learntok.evaluation.byteclass import token_split
+
+    split = {}
+    for (arm, _), c in sorted(recs.items()):
+        if "token_first" in c and arm != "flat-ngrams":
+            split.setdefault(arm, []).append(token_split(c))
+    if not split:
+        return ""
+
+    def mean(values: list) -> str:
+        values = [v for v in values if v is not None]
+        return f"{statistics.mean(values):.3f}" if values else "—"
+
+    head = ["byte class"]
+    for arm, runs in split.items():
+        name = arm.removesuffix("-ngrams")
+        head += [f"{name}: a token's first byte ({len(runs)} seed{'s' if len(runs) > 1 else ''})",
+                 f"{name}: BPB on first bytes / the rest"]
+    rows = []
+    for i, name in enumerate(r["class"] for r in next(iter(split.values()))[0]):
+        row = ["**all**" if name == "all" else name]
+        for runs in split.values():
+            first = [run[i]["first"] for run in runs]
+            row += [f"{statistics.mean(first):.1%}",
+                    f"{mean([run[i]['bpb_first'] for run in runs])} / {mean([run[i]['bpb_rest'] for run in runs])}"]
+        rows.append(row)
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows]) + "\n"
 
 
 def _class_view(recs: dict[tuple[str, int], dict]) -> str:
