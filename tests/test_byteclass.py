@@ -59,7 +59,7 @@ def test_a_tokens_first_byte_is_the_byte_after_a_boundary():
     text = b"ab cd"
     ids, targets = torch.tensor([[BOS, *text]]), torch.tensor([[*text, EOS]])
     bits = torch.tensor([[1.0, 2.0, 3.0, 4.0, 5.0, 0.0]])
-    boundaries = torch.tensor([[True, False, True, True, False, True]])  # a_t: tokens "a", "b ", "c", "d"...
+    boundaries = torch.tensor([[True, False, True, True, False, True]])  # a_t: tokens BOS, "ab", " ", "cd"
     c = ClassBits()
     c.add(ids, targets, bits, boundaries)
     rows = {r["class"]: r for r in token_split(c.result())}

@@ -32,8 +32,9 @@ and the clock sweep take (the plain stage 2's did not carry over to them). `best
 prints the allocation each method trains with. `sweep --clock` runs stage 1 again with the n-gram tables and every cell
 trained for the seconds the n-gram arms' clock finals train for (the median training seconds of the flat-ngrams FLOPs
 runs at scale 1; the tables cost time, not FLOPs), over a narrower grid (CLOCK_WIDTH x CLOCK_DEPTH: without the FLOPs
-sweep's d 192 and n_mid 5 cells; see CLOCK_WIDTH), at stage 2's choice where it ran, in sweep1c-METHOD (stale, and
-refused, once stage 2 chooses another window or rate: `retire` it and run it again): each method's wall-clock-optimal
+sweep's d 192 (but the BPE transformer's: CLOCK_WIDER) and n_mid 5 cells; see CLOCK_WIDTH), at stage 2's choice
+where it ran, in sweep1c-METHOD (stale, and refused, once stage 2 chooses another window or rate: `retire` it and
+run it again): each method's wall-clock-optimal
 allocation, which `best` prints beside the FLOPs one and `final --clock --series NAME --allocation clock` trains at. A
 method whose patches are cheap to compute trains more FLOPs per second, so the two optima can differ; the cells run
 hours apart and this CPU's speed drifts by about 7 %, the clock sweep's own noise. `final` trains every method (and its
@@ -125,6 +126,11 @@ DEPTH = {"flat": "n-mid=1,2,3", "bpe-lm": "n-mid=2,4,6"}
 """Stage 1's depth axis per method (the U-Net's token-level layers by default)."""
 UNET_DEPTH = "n-mid=2,3,5"
 CLOCK_WIDTH = "d-model,n-heads=64:2,96:2,128:2"
+CLOCK_WIDER = {"bpe-lm": CLOCK_WIDTH + ",192:3"}
+"""A method's clock grid extended past CLOCK_WIDTH's wide edge after its optimum lay there: the BPE transformer's
+clock sweep improved with width at each depth (val 2.068 / 1.984 / 1.969 at d 64 / 96 / 128 × 2 layers), since in
+seconds on this CPU its width is nearly free (a step's time goes to its 2,048-way output layer and the byte
+pipeline), so its grid takes the FLOPs sweep's d 192 back; decided after those cells, before any wider one ran."""
 CLOCK_DEPTH = {"flat": "n-mid=1,2", "bpe-lm": "n-mid=2,4"}
 """The clock sweep's grid (stage 1 at matched seconds): the FLOPs sweep's neighbourhood of every method's best,
 without its d 192 cells (0.10 BPB or more behind every method's best) and its deepest ones (n_mid 5, flat's 3, the
@@ -207,7 +213,7 @@ def _axes(method: str, stage: int, clock: bool = False, ngrams: bool = False) ->
         return [STAGE2N_WINDOWS] + ([STAGE2N_RATES] if method in HAS_RATE else [])
     if stage == 1:
         if clock:
-            return [CLOCK_WIDTH, CLOCK_DEPTH.get(method, CLOCK_UNET_DEPTH)]
+            return [CLOCK_WIDER.get(method, CLOCK_WIDTH), CLOCK_DEPTH.get(method, CLOCK_UNET_DEPTH)]
         return [WIDTH, DEPTH.get(method, UNET_DEPTH)]
     if method == "bpe-lm":  # at d 64 its output layer is most of its FLOPs per token: a smaller one buys tokens
         return ["bpe-vocab-size=1024,2048,4096"]
@@ -1523,6 +1529,15 @@ def study_summary(path: Path = RECORDS) -> str | None:
         line += (f" {matched[0].upper() + matched[1:]}{where}: "
                  + "; ".join(_pair_text(*pair, walloc, once) for pair in pairs) + f"; learned {', '.join(verdicts)}.")
     return line
+
+
+def clock_pairs(path: Path = RECORDS) -> set[str]:
+    """The names (NAMES') of the methods the README's line pairs with learned at matched wall-clock (x1), from the
+    current runs."""
+    from learntok import records
+
+    current = _at_chosen_width([r for r in records.load(path) if not r.get("retired")])
+    return {name for view, pairs in _study_views(current).items() if view == (1, "time") for name, *_ in pairs}
 
 
 def _clock_flops(rows: list[dict], view: tuple[float, str], series: set[str] | None) -> str:
