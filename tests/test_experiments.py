@@ -826,7 +826,7 @@ def test_allocation_clock_sweep_trains_n_gram_cells_for_the_clock_finals_seconds
     assert "--flops-budget" not in learned and " ".join(alloc.NGRAMS) in " ".join(learned)
     assert f"--axis {alloc.CLOCK_WIDTH} --axis n-mid=2,3 " in " ".join(learned)
     assert "--axis n-mid=1,2 " in " ".join(flat)
-    assert f"--axis {alloc.CLOCK_WIDTH},192:3 --axis n-mid=2,4 " in " ".join(bpe_lm)  # its grid reaches d 192
+    assert f"--axis {alloc.CLOCK_WIDTH},192:3 --axis n-mid=2,4,6 " in " ".join(bpe_lm)  # its grid grew twice
     with pytest.raises(SystemExit, match="stage 1"):
         main("sweep", "--clock", "--stage", "2", "--data", tmp_path, "--out", tmp_path)
     with pytest.raises(SystemExit, match="--ngrams: stage 2"):
