@@ -128,9 +128,10 @@ UNET_DEPTH = "n-mid=2,3,5"
 CLOCK_WIDTH = "d-model,n-heads=64:2,96:2,128:2"
 CLOCK_WIDER = {"bpe-lm": CLOCK_WIDTH + ",192:3"}
 """A method's clock grid extended past CLOCK_WIDTH's wide edge after its optimum lay there: the BPE transformer's
-clock sweep improved with width at each depth (val 2.068 / 1.984 / 1.969 at d 64 / 96 / 128 × 2 layers), since in
-seconds on this CPU its width is nearly free (a step's time goes to its 2,048-way output layer and the byte
-pipeline), so its grid takes the FLOPs sweep's d 192 back; decided after those cells, before any wider one ran.
+clock sweep improved with width at each depth (val 2.068 / 1.984 / 1.969 at d 64 / 96 / 128 × 2 layers): on this
+CPU its wider shapes run more FLOPs per second (d 128 × 2 about twice d 64 × 2's in the same seconds), so width
+costs it little text. Its grid takes the FLOPs sweep's d 192 back; decided after those cells, before any wider one
+ran.
 Its best then lay inside the width axis (d 128) but at the depth axis's deep edge (4 layers: 1.952 against 1.969
 at 2), so its depth axis takes the FLOPs sweep's 6 back too (CLOCK_DEPTH), decided before any such cell ran."""
 CLOCK_DEPTH = {"flat": "n-mid=1,2", "bpe-lm": "n-mid=2,4,6"}
