@@ -282,14 +282,16 @@ def readme_summary() -> str:
         d = [t[arm, s] - t[base, s] for (a, s) in t if a == arm and (base, s) in t]
         return _ci(d) + (" (tie)" if paired_interval(d)["tie"] else "")
 
-    preset = (f"- Without n-grams, in the `small` preset's shape at matched time (600 s, 2 seeds, test BPB), "
-              f"`learned-w1-vb` beats none of the three: − patches {diff('learned-w1-vb', 'uniform')}, − flat "
-              f"{diff('learned-w1-vb', 'flat')}, − BPE transformer {diff('learned-w1-vb', 'bpe-lm')}.")
-    if study:  # the study supersedes the preset-shape pairs; what it lacks (a BPE arm on the clock) stays said
-        preset = "" if alloc.NAMES["bpe-lm"] in alloc.clock_pairs() else (
-            "- The study has no current wall-clock pair with the BPE transformer yet; in the `small` preset's shape "
-            "without n-grams at matched time (600 s, 2 seeds, §3), `learned-w1-vb` − BPE transformer = "
-            f"{diff('learned-w1-vb', 'bpe-lm')}.")
+    if not study:
+        preset = (f"- Without n-grams, in the `small` preset's shape at matched time (600 s, 2 seeds, test BPB), "
+                  f"`learned-w1-vb` beats none of the three: − patches {diff('learned-w1-vb', 'uniform')}, − flat "
+                  f"{diff('learned-w1-vb', 'flat')}, − BPE transformer {diff('learned-w1-vb', 'bpe-lm')}.")
+    elif alloc.NAMES["bpe-lm"] not in alloc.clock_pairs():  # the study supersedes them, but not on the BPE clock
+        preset = ("- The study has no current wall-clock pair with the BPE transformer yet; in the `small` preset's "
+                  "shape without n-grams at matched time (600 s, 2 seeds, §3), `learned-w1-vb` − BPE transformer = "
+                  f"{diff('learned-w1-vb', 'bpe-lm')}.")
+    else:
+        preset = ""
     out += [x for x in (study or alloc.summary(), preset, _script("rates").summary()) if x]
     return "\n".join(textwrap.fill(x, 115, subsequent_indent="  ", break_on_hyphens=False) for x in out) + "\n"
 

@@ -748,6 +748,12 @@ def _width_choice(rows: list[dict], arm: str, view: tuple) -> str | None:
     return "wider" if better else "flops"
 
 
+def _current(rows: list[dict]) -> list[dict]:
+    """The final runs the tables and the README read: not retired, each arm at its chosen width
+    (`_at_chosen_width`)."""
+    return _at_chosen_width([r for r in rows if not r.get("retired")])
+
+
 def _at_chosen_width(rows: list[dict]) -> list[dict]:
     """The records of each arm's chosen shape where a budget has it at two widths (the width check,
     `_width_choice`), the other shape's left out (the levers table reads them); its allocation while no seed has
@@ -809,7 +815,7 @@ def cmd_classes(args) -> None:
     from learntok import records
 
     done = {_scored(r) for r in records.load(args.class_results)}
-    rows = _at_chosen_width([r for r in records.load(args.results) if not r.get("retired")])
+    rows = _current(records.load(args.results))
     for r in sorted(rows, key=lambda r: (r["seed"], CLASS_ARMS.index(r["arm"]) if r["arm"] in CLASS_ARMS else 0)):
         scale, match, _, series = _budget_key(r)
         view = scale == args.scale and (match == "time" if args.clock else (match, series) == ("flops-total", ""))
@@ -1116,7 +1122,7 @@ def report(path: Path = RECORDS) -> str:
     from learntok import records
 
     every = records.load(path)
-    rows = _at_chosen_width([r for r in every if not r.get("retired")])
+    rows = _current(every)
     before = _before_stage_2(every)
     out = _tables(rows) if rows else ["(no current records yet)", ""]
     if any(r.get("retired") for r in before):
@@ -1497,7 +1503,7 @@ def study_summary(path: Path = RECORDS) -> str | None:
 
     rows = records.load(path)
     walloc = _walloc_series(rows)
-    current = _at_chosen_width([r for r in rows if not r.get("retired")])
+    current = _current(rows)
     now = _study_views(current)
     stage_1 = _before_stage_2(rows)
     before = _study_views(stage_1) if any(r.get("retired") for r in stage_1) else {}
@@ -1539,7 +1545,7 @@ def clock_pairs(path: Path = RECORDS) -> set[str]:
     current runs."""
     from learntok import records
 
-    current = _at_chosen_width([r for r in records.load(path) if not r.get("retired")])
+    current = _current(records.load(path))
     return {name for view, pairs in _study_views(current).items() if view == (1, "time") for name, *_ in pairs}
 
 
