@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU runbook: what to run when a machine with an NVIDIA GPU is lent for a short while (here 30
+# The GPU runbook: what to run when a machine with an NVIDIA GPU is lent for a short while (here 15
 # minutes of machine time, start-up included, at most 10 minutes a command). Three stages of at most 8 minutes,
 # every part of them under its own `timeout`, each compiling and measuring in one process and leaving a few files
 # under $OUT (bench/results/gpu-session when OUT is unset); bench/README.md lists them, docs/gpu.md says what
