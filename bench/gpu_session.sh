@@ -1,26 +1,27 @@
 #!/usr/bin/env bash
 # The GPU runbook: what to run when a machine with an NVIDIA GPU is lent for a short while (here 15
-# minutes of machine time, start-up included, at most 10 minutes a command). Three stages of at most 8 minutes,
+# minutes of machine time, start-up included, at most 10 minutes a command). Four stages of at most 8 minutes,
 # every part of them under its own `timeout`, each compiling and measuring in one process and leaving a few files
 # under $OUT (bench/results/gpu-session when OUT is unset); bench/README.md lists them, docs/gpu.md says what
 # the figures mean.
 #
 #   bench/gpu_session.sh wheels   # here, once, where pip reaches PyPI: .whl/ (tyro & co. for Python 3.12)
-#   bench/gpu_session.sh smoke    # GEMM ceiling; one compiled paper-147m learned step at micro-batch 8 and 16
-#                                 # (step time, peak memory, host syncs); the core checks of tests/test_gpu.py
+#   bench/gpu_session.sh smoke    # the core checks of tests/test_gpu.py (one host sync, compiled training, ...)
 #   bench/gpu_session.sh bench    # compiled paper-147m, learned vs uniform: bytes/s, MFU, ratio, kernels, recompiles
+#   bench/gpu_session.sh memory   # one compiled paper-147m learned step at micro-batch 8 and 16: time, peak memory
 #   bench/gpu_session.sh eager    # eager paper-147m rows and peak memory at 8 and 16; the remaining CUDA tests
 #
-# Sizes from the first GPU run (H200, torch 2.11, 2026-11-28): inductor takes 40-80 s per paper-147m graph, and
-# each replayed step of a learned runner lands in its own token bucket (the policy's rate moves fast in the first
-# updates), so a stage affords about one graph per minute: --steps 1 in smoke, 2 in bench (5 ran out of time).
-# Run the three back to back on one machine (it stays warm 30 s after a call): inductor's cache in /tmp then
-# carries smoke's compiled learned graphs into bench. The machine needs no network: the script runs from the
+# Sizes from the two GPU runs (H200, torch 2.11, 2026-11-28 and -29): inductor takes 40-80 s per paper-147m graph,
+# and each replayed step of a learned runner lands in its own token bucket (the policy's rate moves fast in the
+# first updates), so a stage affords about one graph per minute: --steps 1 in memory, 2 in bench. A fresh machine
+# started in about 30 s; bench took 350 s, eager 226 s, so a 15-minute loan runs smoke and bench (the checks
+# and speed that change with the code), then memory or eager if time is left; run them back to back (the
+# machine stays warm 30 s after a call). The machine needs no network: the script runs from the
 # checkout (PYTHONPATH=src) with the machine's own PyTorch (torch 2.11 on Python 3.12 there, not this project's
 # pin), and the pure-Python packages its image lacks come from .whl/ when that folder is there.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-stage=${1:?"usage: bench/gpu_session.sh wheels|smoke|bench|eager"}
+stage=${1:?"usage: bench/gpu_session.sh wheels|smoke|bench|memory|eager"}
 out=${OUT:-bench/results/gpu-session}
 PY=${PYTHON:-python3}
 
@@ -31,8 +32,8 @@ if [ "$stage" = wheels ]; then
         -d .whl tyro==1.0.17 docstring-parser==0.18.0 typeguard==4.6.1 zstandard==0.25.0
 fi
 case $stage in
-smoke | bench | eager) ;;
-*) echo "unknown stage: $stage (wheels, smoke, bench, eager)" >&2; exit 2 ;;
+smoke | bench | memory | eager) ;;
+*) echo "unknown stage: $stage (wheels, smoke, bench, memory, eager)" >&2; exit 2 ;;
 esac
 
 mkdir -p "$out"
@@ -66,15 +67,18 @@ print("python", platform.python_version(), "torch", torch.__version__, "cuda", t
 case $stage in
 smoke)
     (
-        rc=0
+        provenance
+        timeout -k 10 120 "${PYTEST[@]}" --timeout=100 --junitxml="$out/smoke-tests.xml" \
+            tests/test_gpu.py tests/test_model.py -k "$CORE"
+    ) 2>&1 | tee "$out/smoke.log"
+    ;;
+memory)
+    (
         provenance
         TORCH_LOGS=recompiles,graph_breaks timeout -k 10 320 "$PY" bench/bench_gpu.py --configs paper-147m \
             --token-bucket 128 --modes compiled --rounds 0 --steps 1 --warmup 1 --micro-batches 8 16 \
-            --out "$out/smoke" || rc=$?
-        timeout -k 10 120 "${PYTEST[@]}" --timeout=100 --junitxml="$out/smoke-tests.xml" \
-            tests/test_gpu.py tests/test_model.py -k "$CORE" || rc=$?
-        exit $rc
-    ) 2>&1 | tee "$out/smoke.log"
+            --out "$out/memory"
+    ) 2>&1 | tee "$out/memory.log"
     ;;
 bench)
     (

@@ -197,7 +197,7 @@ def test_gpu_runbook_names_real_stages_tests_and_benchmark_flags_within_its_limi
     script = RUNBOOK.read_text().replace("\\\n", " ")  # join continued lines
     stages = _stages(script)
     usage = re.search(r'usage: bench/gpu_session.sh ([\w|-]+)', script).group(1).split("|")
-    assert set(usage) == {"wheels", *stages} and set(stages) == {"smoke", "bench", "eager"}
+    assert set(usage) == {"wheels", *stages} and set(stages) == {"smoke", "bench", "memory", "eager"}
     for name in stages:
         assert f"bench/gpu_session.sh {name} " in script, f"stage {name} is documented in the header"
 
