@@ -138,8 +138,9 @@ CLOCK_DEPTH = {"flat": "n-mid=1,2", "bpe-lm": "n-mid=2,4,6"}
 """The clock sweep's grid (stage 1 at matched seconds): the FLOPs sweep's neighbourhood of every method's best,
 without its d 192 cells (0.10 BPB or more behind every method's best) and its deepest ones (n_mid 5, flat's 3, the
 BPE transformer's 6: 0.007 to 0.038 behind; flat's, uniform's and the BPE transformer's within 0.01, so the clock
-grid may miss their optimum), which keeps a method's clock sweep to six cells, about an hour; `best` says when a
-clock optimum lies at this grid's edge (its deepest or narrowest point), where the grid should grow."""
+grid may miss their optimum; the BPE transformer's 6 came back when its clock optimum reached 4, CLOCK_WIDER), which
+keeps a method's clock sweep to six cells, about an hour; `best` says when a clock optimum lies at this grid's edge
+(its deepest or narrowest point), where the grid should grow."""
 CLOCK_UNET_DEPTH = "n-mid=2,3"
 STAGE2_RATES = "target-rate=0.15,0.2,0.25,0.333,0.5"
 """Stage 2's rate axis. It began at 0.15-0.25; learned's first cells put its best at 0.25, the grid's edge, so the
