@@ -397,7 +397,7 @@ def test_allocation_width_check_trains_a_step_wider_then_validations_choice_and_
     assert n.strip() == "2" and text.startswith(" -0.0750 [")  # its chosen (wider) runs against x1's
     assert alloc.study_summary(results).endswith(
         " At 4× the budget (matched total FLOPs, each method at its x1 allocation or one width step wider where "
-        "validation preferred it (flat), not swept further for this budget, 2 seeds): learned ahead of flat and "
+        "validation preferred it (flat), not swept further, 2 seeds): learned ahead of flat and "
         "fixed patches.")
     assert alloc.budget_points(records.load(results))["flops"]["flat-ngrams"][-1][1:] == (
         pytest.approx(1.925), pytest.approx(0.025), 2)
@@ -624,6 +624,12 @@ def test_allocation_study_summary_pairs_seeds_and_says_each_convention(tmp_path)
     line = alloc.study_summary(path)  # the allocation's flag, given last; the verdict names the method alone
     assert "; BPE transformer (vocabulary 2,048) -0.305 [" in line
     assert "learned ahead of BPE transformer, tied with flat and flat without n-grams." in line
+    records.write(path, [*records.load(path), *[{**final("bpe-lm-ngrams", s, b, "time"), "flags": bpe}
+                                                for s, b in ((0, 2.4), (1, 2.3))]])
+    line = alloc.study_summary(path)  # its vocabulary said at its first pair only
+    assert line.count("(vocabulary 2,048)") == 1 and "; BPE transformer -0.100 [" in line.split("Matched wall")[1]
+    assert alloc._and(["a", "b", "c"], of=3) == "all three" and alloc._and(["a", "b", "c"], of=4) == "a, b and c"
+    assert alloc._and(["a", "b"], of=2) == "a and b"
     window = ["--byte-window", "4"]  # stage 2 gives learned a byte window: `retire` marks its runs
     records.write(path, [{**r, "retired": {"now": [*r["flags"], *window]}} if r["method"] == "learned" else r
                          for r in records.load(path)])
@@ -647,14 +653,14 @@ def test_allocation_study_summary_pairs_seeds_and_says_each_convention(tmp_path)
                             ("flat-ngrams", 1, 2.0))]
     records.write(path, [*records.load(path), *x4])
     assert alloc.study_summary(path).endswith(  # the larger budget after every x1 view: its verdict alone
-        " At 4× the budget (matched total FLOPs, each method at its x1 allocation, not swept again for this budget, "
-        "2 seeds): learned ahead of flat.")
+        " At 4× the budget (matched total FLOPs, each method at its x1 allocation, not swept again, 2 seeds): "
+        "learned ahead of flat.")
     half = [{**r, "budget": {**r["budget"], "scale": 0.5}, "test": {**r["test"], "bpb": r["test"]["bpb"] + 0.3}}
             for r in x4[:2]] + [{**r, "budget": {**r["budget"], "scale": 0.5}} for r in x4[2:]]
     records.write(path, [*records.load(path), *half])
     line = alloc.study_summary(path)  # a smaller budget after the x1 views too, then the larger
-    assert " At 0.5× the budget (matched total FLOPs, each method at its x1 allocation, not swept again for this " \
-           "budget, 2 seeds): learned behind flat. At 4× the budget" in line
+    assert " At 0.5× the budget (matched total FLOPs, each method at its x1 allocation, not swept again, 2 seeds): " \
+           "learned behind flat. At 4× the budget" in line
     assert line.index("At 0.5×") > line.index("Matched wall-clock")
 
 

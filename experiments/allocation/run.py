@@ -1510,11 +1510,12 @@ def study_summary(path: Path = RECORDS) -> str | None:
     before = _study_views(stage_1) if any(r.get("retired") for r in stage_1) else {}
     if not now and not before:
         return None
-    line = ("- Issue 30's study ([§8](docs/results.md#8-every-method-at-its-own-allocation)): every method at the "
+    line = ("- Issue 30's study ([§8](docs/results.md#8-every-method-at-its-own-allocation)): each method at the "
             "allocation validation chose for it, with hashed byte n-gram embeddings; learned − each in test BPB on "
-            "text no earlier screen read, 95 % t over seeds (their number in brackets).")
+            "text no earlier screen read, 95 % t over seeds (their number in parentheses).")
     if not now:
         line += " At today's allocation: not yet two seeds a pair."
+    said: set[str] = set()
     for view in sorted(set(now) | set(before), key=lambda v: _view_order((*v, 0.0, ""))):
         pairs = now.get(view) or before[view]
         where = "" if view in now else ", so far only at stage 1's allocation (byte window 8, rate 0.2)"
@@ -1524,7 +1525,7 @@ def study_summary(path: Path = RECORDS) -> str | None:
             where += ", each method at its wall-clock width × depth"
         if view[1] == "time":
             where += _clock_flops(current if view in now else stage_1, view, series if once else None)
-        verdicts = [f"{VERDICT[k]} {_and(names)}" for k in range(3)
+        verdicts = [f"{VERDICT[k]} {_and(names, of=len(pairs))}" for k in range(3)
                     if (names := [n for n, _, hits in pairs if _verdict(hits) == k])]
         if view[0] != 1:  # a verdict only: these runs keep the x1 allocation, and their numbers are in §8
             n = sorted({len(seeds) for *_, hits in pairs for _, seeds, _ in hits})
@@ -1532,12 +1533,13 @@ def study_summary(path: Path = RECORDS) -> str | None:
             shape = (f"x1 allocation or one width step wider where validation preferred it ({_and(wider)}), "
                      "not swept further" if wider else "x1 allocation, not swept again")
             line += (f" At {view[0]:g}× the budget ({CONVENTION[view[1]].split(' (')[0]}{where}, each method at its "
-                     f"{shape} for this budget, {n[0]}{f'–{n[-1]}' if len(n) > 1 else ''} seeds): learned "
-                     f"{', '.join(verdicts)}.")
+                     f"{shape}, {n[0]}{f'–{n[-1]}' if len(n) > 1 else ''} seeds): learned {', '.join(verdicts)}.")
             continue
         matched = CONVENTION[view[1]]
+        told = [(name, "" if shape in said else shape, hits) for name, shape, hits in pairs]
+        said |= {shape for _, shape, _ in pairs}  # the BPE transformer's vocabulary: said at its first pair only
         line += (f" {matched[0].upper() + matched[1:]}{where}: "
-                 + "; ".join(_pair_text(*pair, walloc, once) for pair in pairs) + f"; learned {', '.join(verdicts)}.")
+                 + "; ".join(_pair_text(*pair, walloc, once) for pair in told) + f"; learned {', '.join(verdicts)}.")
     return line
 
 
@@ -1568,8 +1570,10 @@ def _name(arm: str) -> str:
     return NAMES.get(method, method)
 
 
-def _and(names: list[str]) -> str:
-    """`a`, `a and b`, `a, b and c`."""
+def _and(names: list[str], of: int = 0) -> str:
+    """`a`, `a and b`, `a, b and c`; "all three" (four, five) when the three or more `names` are all `of`."""
+    if 3 <= len(names) == of <= 5:
+        return "all " + ("three", "four", "five")[of - 3]
     return " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
 
 
