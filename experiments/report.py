@@ -272,7 +272,8 @@ def readme_summary() -> str:
                f"{100 * (min(over) / statistics.mean(base) - 1):.0f}–"
                f"{100 * (max(over) / statistics.mean(base) - 1):.0f} % more training FLOPs. `learned-w1-vb` is the "
                "`small` preset's policy (an estimator biased for lower "
-               "variance) with a one-boundary window and a learned baseline, not the paper's settings.")
+               "variance) with a one-boundary window and a learned baseline, not the paper's settings."
+               + _controls_said(lb))
     alloc = _script("allocation")
     study = alloc.study_summary()
     timed = [r for r in _leaderboard() if r.get("match") == "time"]
@@ -294,6 +295,23 @@ def readme_summary() -> str:
         preset = ""
     out += [x for x in (study or alloc.summary(), preset, _script("rates").summary()) if x]
     return "\n".join(textwrap.fill(x, 115, subsequent_indent="  ", break_on_hyphens=False) for x in out) + "\n"
+
+
+def _controls_said(lb) -> str:
+    """The headline line's clause on its confound controls, each once all its declared seeds have run: the pair
+    with the early-exit loss given to both (learned-w1-vb − uniform-ee) and matched in padded 6N
+    (learned-w1-vb-padded − uniform); "" before either is complete."""
+    found = lb.control_rows({"arms": _leaderboard()})
+    said = []
+    for control, what in (("uniform-ee", "with the early-exit loss given to the patches too"),
+                          ("learned-w1-vb-padded", "with learned's padded token slots counted")):
+        by = found[control]
+        if len(by) == len(lb.CONTROLS[control]):
+            d = ([w["test"]["bpb"] - c["test"]["bpb"] for c, _, w in by.values()] if control == "uniform-ee" else
+                 [c["test"]["bpb"] - u["test"]["bpb"] for c, u, _ in by.values()])
+            p = paired_interval(d)
+            said.append(f"{what} (`{control}`, {len(d)} seeds): {interval_text(p)}{' tie' if p['tie'] else ''}")
+    return f" The difference {'; '.join(said)}." if said else ""
 
 
 def segment_speed() -> str:

@@ -1216,6 +1216,30 @@ def test_headline_controls_pair_each_control_with_the_pairs_seeds(monkeypatch):
     assert "`learned-w1-vb-padded`, 1 of its 5 declared seeds (14–18): not yet two seeds" in text
 
 
+def test_readme_names_a_headline_control_only_once_all_its_declared_seeds_ran(monkeypatch):
+    """The README's headline line: a control's clause appears when every declared seed is paired, with the
+    difference the control is for (learned-w1-vb − uniform-ee; learned-w1-vb-padded − uniform)."""
+    sys.path.insert(0, str(Path(arms.__file__).parent))
+    import report
+
+    def row(arm, seed, test):
+        return {"arm": arm, "seed": seed, "match": "flops", "budget_bytes": 2.4e7, "test": {"bpb": test}}
+
+    rows = [row(a, s, b + 0.001 * (s % 3)) for s in range(10, 19)
+            for a, b in (("uniform", 2.10), ("learned-w1-vb", 2.06), ("uniform-ee", 2.09))]
+    rows += [row("learned-w1-vb-padded", s, 2.07 + 0.001 * (s % 3)) for s in range(14, 18)]  # seed 18 missing
+    monkeypatch.setattr(report, "_leaderboard", lambda: tuple(rows))
+    lb = report._script("leaderboard")
+    said = report._controls_said(lb)
+    assert said == (" The difference with the early-exit loss given to the patches too (`uniform-ee`, 9 seeds): "
+                    "-0.0300 [-0.0300, -0.0300].")
+    rows.append(row("learned-w1-vb-padded", 18, 2.07))
+    assert report._controls_said(lb).endswith("; with learned's padded token slots counted (`learned-w1-vb-padded`, "
+                                              "5 seeds): -0.0300 [-0.0300, -0.0300].")
+    rows[:] = [r for r in rows if r["arm"] != "uniform-ee" or r["seed"] != 12]
+    assert "uniform-ee" not in report._controls_said(lb)
+
+
 def test_allocation_plot_draws_each_arms_mean_at_the_flops_it_spent(tmp_path):
     """The study's figure: per arm, the matched-total-FLOPs runs' mean test BPB and standard error over seeds at
     each budget's mean FLOPs; clock runs only from a wall-clock-allocation series that still holds learned's runs;
