@@ -164,6 +164,10 @@ class ByteLM(nn.Module):
     def _rope(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return rope_tables(pos, self.cfg.d_model // self.cfg.n_heads, self.cfg.rope_base)
 
+    def _byte_rope(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The byte level's tables for ids (B,T): positions 0..T-1 -> (1,T,dh/2)."""
+        return self._rope(torch.arange(ids.shape[1], device=ids.device))
+
     @staticmethod
     def _rope_at(rope: tuple[torch.Tensor, torch.Tensor], pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The byte level's tables `rope` (1,T,dh/2) read at byte positions `pos` (B,M) -> (B,1,M,dh/2), or
@@ -188,7 +192,7 @@ class ByteLM(nn.Module):
     def encode(self, ids: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """Byte embedding and encoder blocks. ids (B,T) -> X (B,T,D); rope: the byte level's tables, if made."""
         if rope is None:
-            rope = self._rope(torch.arange(ids.shape[1], device=ids.device))
+            rope = self._byte_rope(ids)
         x = self._embed(ids)  # (B,T,D)
         for blk in self.down:
             x = self._block(blk, x, rope)
@@ -216,7 +220,7 @@ class ByteLM(nn.Module):
         stage1, stage2 = self._compiled if self._compiled and self.training else (self._propose, self._finish)
         # The RoPE tables, made once outside the stages: a compiled graph then reads them, where inductor fused
         # their sines into every layer's rotation (14 % of the compiled paper-147m step on an H200, docs/gpu.md).
-        rope = self._rope(torch.arange(ids.shape[1], device=ids.device))
+        rope = self._byte_rope(ids)
         x, out = stage1(ids, noise, generator, prescribed, rates, rope)
         if boundaries is not None:
             out = override_boundaries(out, boundaries)
@@ -247,11 +251,10 @@ class ByteLM(nn.Module):
             count = self.token_count_reduce(count)
         return min(-(-int(count) // n) * n, mask.shape[1])
 
-    def _finish(self, ids, x, out, targets, size, batch_stats, rope=None) -> ModelOutput:
+    def _finish(self, ids, x, out, targets, size, batch_stats, rope_byte) -> ModelOutput:
         """Stage 2: downsample, token level, upsample, decoder, heads and losses. size: token slots (static
-        shapes, padded token level) or None (exact count, packed token level); rope: the byte level's tables
-        (made here when not given), which the token level reads at its tokens' byte positions."""
-        rope_byte = self._rope(torch.arange(ids.shape[1], device=ids.device)) if rope is None else rope
+        shapes, padded token level) or None (exact count, packed token level); rope_byte: the byte level's tables,
+        which the token level reads at its tokens' byte positions."""
         tokens = self.boundary.downsample(x, out, size)  # x: (B,M,D)
         if self.chunks is not None:  # each token's bytes, hashed (--chunk-table)
             tokens.x = tokens.x + self.chunks(ids, out.mask, tokens.pos).to(tokens.x.dtype)
