@@ -129,12 +129,18 @@ def headline_controls() -> str:
         if len(by) < 2:
             lines.append(head + ": not yet two seeds")
             continue
-        vs_uniform = [c["test"]["bpb"] - u["test"]["bpb"] for c, u, _ in by.values()]
-        vs_learned = [w["test"]["bpb"] - c["test"]["bpb"] for c, _, w in by.values()]
+        vs_uniform, vs_learned = _control_differences(by)
         lines.append(head + f"{'' if len(by) == len(seeds) else ', incomplete'}: test, control − uniform "
                      f"{interval_text(paired_interval(vs_uniform), tie=True)}; `learned-w1-vb` − control "
                      f"{interval_text(paired_interval(vs_learned), tie=True)}")
     return "\n".join(lines) + "\n"
+
+
+def _control_differences(by: dict) -> tuple[list[float], list[float]]:
+    """A control's test differences over its seeds (leaderboard control_rows' {seed: (control, uniform,
+    learned-w1-vb)}): control − uniform, and learned-w1-vb − control."""
+    return ([c["test"]["bpb"] - u["test"]["bpb"] for c, u, _ in by.values()],
+            [w["test"]["bpb"] - c["test"]["bpb"] for c, _, w in by.values()])
 
 
 def _each(rs: list[dict], f, digits: int) -> str:
@@ -307,8 +313,8 @@ def _controls_said(lb) -> str:
                           ("learned-w1-vb-padded", "with learned's padded token slots counted")):
         by = found[control]
         if len(by) == len(lb.CONTROLS[control]):
-            d = ([w["test"]["bpb"] - c["test"]["bpb"] for c, _, w in by.values()] if control == "uniform-ee" else
-                 [c["test"]["bpb"] - u["test"]["bpb"] for c, u, _ in by.values()])
+            vs_uniform, vs_learned = _control_differences(by)
+            d = vs_learned if control == "uniform-ee" else vs_uniform
             p = paired_interval(d)
             said.append(f"{what} (`{control}`, {len(d)} seeds): {interval_text(p)}{' tie' if p['tie'] else ''}")
     return f" The difference {'; '.join(said)}." if said else ""
