@@ -662,6 +662,15 @@ def test_allocation_study_summary_pairs_seeds_and_says_each_convention(tmp_path)
     assert " At 0.5× the budget (matched total FLOPs, each method at its x1 allocation, not swept again, 2 seeds): " \
            "learned behind flat. At 4× the budget" in line
     assert line.index("At 0.5×") > line.index("Matched wall-clock")
+    others = [final(arm, s, b) for arm, s, b in (("bpe-ngrams", 0, 2.0), ("bpe-ngrams", 1, 2.05),  # learned's
+                                                 ("entropy-ngrams", 0, 2.1), ("entropy-ngrams", 1, 2.15))]
+    records.write(path, [*records.load(path), *others])
+    assert "At fixed patches' allocation" not in alloc.study_summary(path)  # hnet has no seed yet: silent
+    records.write(path, [*records.load(path), final("hnet-ngrams", 0, 2.2), final("hnet-ngrams", 1, 2.26),
+                         final("hnet-ngrams", 2, 2.3)])  # seed 2 has no learned run to pair with
+    flops = alloc.study_summary(path).split("Matched wall-clock")[0]  # said in the x1 FLOPs sentence, after it
+    assert flops.endswith("tied with flat and flat without n-grams. At fixed patches' allocation (2 seeds): "
+                          "learned ahead of entropy patches and H-Net's chunker, tied with BPE-guided boundaries. ")
 
 
 def test_allocation_levers_pair_each_lever_over_seeds(tmp_path):

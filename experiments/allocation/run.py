@@ -1539,8 +1539,30 @@ def study_summary(path: Path = RECORDS) -> str | None:
         told = [(name, "" if shape in said else shape, hits) for name, shape, hits in pairs]
         said |= {shape for _, shape, _ in pairs}  # the BPE transformer's vocabulary: said at its first pair only
         line += (f" {matched[0].upper() + matched[1:]}{where}: "
-                 + "; ".join(_pair_text(*pair, walloc, once) for pair in told) + f"; learned {', '.join(verdicts)}.")
+                 + "; ".join(_pair_text(*pair, walloc, once) for pair in told) + f"; learned {', '.join(verdicts)}."
+                 + (_others_said(current) if view == (1, "flops-total") and view in now else ""))
     return line
+
+
+OTHERS = {"bpe-ngrams": "BPE-guided boundaries", "entropy-ngrams": "entropy patches", "hnet-ngrams": "H-Net's chunker"}
+"""The strategies the study reports but does not target, at fixed patches' allocation: the README's verdict."""
+
+
+def _others_said(rows: list[dict]) -> str:
+    """The README's sentence on OTHERS at matched total FLOPs (x1), once each has two or more seeds paired with
+    learned-ngrams: learned's verdict against each, "" before."""
+    by: dict[str, dict[int, float]] = {}
+    for r in rows:
+        if _budget_key(r)[:2] == (1, "flops-total") and (r["arm"] in OTHERS or r["arm"] == "learned-ngrams"):
+            by.setdefault(r["arm"], {})[r["seed"]] = r["test"]["bpb"]
+    found = {arm: _paired(by.get("learned-ngrams", {}), by.get(arm, {})) for arm in OTHERS}
+    if any(p is None for _, p in found.values()):
+        return ""
+    verdicts = [f"{VERDICT[k]} {_and(names)}" for k in range(3)
+                if (names := [OTHERS[a] for a, (_, p) in found.items() if _verdict([("", [], p)]) == k])]
+    n = sorted({len(seeds) for seeds, _ in found.values()})
+    return (f" At fixed patches' allocation ({n[0]}{f'–{n[-1]}' if len(n) > 1 else ''} seeds): learned "
+            f"{', '.join(verdicts)}.")
 
 
 def clock_pairs(path: Path = RECORDS) -> set[str]:
