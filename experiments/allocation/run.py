@@ -1415,7 +1415,10 @@ WIDTH_CHOSEN = "x1 allocation or a width step wider, validation's choice"
 STUDY_PAIRS = (("learned-ngrams", "flat-ngrams"), ("learned-ngrams", "bpe-lm-ngrams"),
                ("learned-ngrams", "uniform-ngrams"), ("learned-ngrams", "whitespace-ngrams"), ("learned", "flat"))
 """The README's differences from the study, where both arms have at least two paired seeds."""
-NAMES = {"flat": "flat", "bpe-lm": "BPE transformer", "uniform": "fixed patches", "whitespace": "whitespace"}
+OTHER_PAIRS = tuple(("learned-ngrams", f"{m}-ngrams") for m in ("bpe", "entropy", "hnet"))
+"""The strategies the study reports but does not target (at fixed patches' allocation): the README's verdict."""
+NAMES = {"flat": "flat", "bpe-lm": "BPE transformer", "uniform": "fixed patches", "whitespace": "whitespace",
+         "bpe": "BPE-guided boundaries", "entropy": "entropy patches", "hnet": "H-Net's chunker"}
 SHORT = {"flops-total": "FLOPs", "time": "clock", "flops-6n": "6N", "flops-6n-padded": "padded 6N"}
 
 
@@ -1436,10 +1439,11 @@ Hits = list[tuple[str, list[int], dict]]
 of `_view_order` (a FLOPs view's one series is "")."""
 
 
-def _study_views(rows: list[dict]) -> dict[tuple[float, str], list[tuple[str, str, Hits]]]:
-    """learned − each method in STUDY_PAIRS over `rows` with two or more paired seeds, per view (scale and what
-    the budget matched): {view: [(name, shape, hits)]}, the shape what the allocation says beside the name (the
-    BPE transformer's vocabulary)."""
+def _study_views(rows: list[dict], pairs: tuple[tuple[str, str], ...] = STUDY_PAIRS
+                 ) -> dict[tuple[float, str], list[tuple[str, str, Hits]]]:
+    """learned − each method in `pairs` over `rows` with two or more paired seeds, per view (scale and what the
+    budget matched): {view: [(name, shape, hits)]}, the shape what the allocation says beside the name (the BPE
+    transformer's vocabulary)."""
     by: dict[tuple, dict[str, dict[int, float]]] = {}
     vocab = ""
     for r in rows:
@@ -1447,7 +1451,7 @@ def _study_views(rows: list[dict]) -> dict[tuple[float, str], list[tuple[str, st
             vocab = f" (vocabulary {int(f['--bpe-vocab-size']):,})"  # the allocation's, given last
         by.setdefault(_budget_key(r), {}).setdefault(r["arm"], {})[r["seed"]] = r["test"]["bpb"]
     views: dict[tuple[float, str], list[tuple[str, str, Hits]]] = {}
-    for a, b in STUDY_PAIRS:
+    for a, b in pairs:
         found: dict[tuple[float, str], Hits] = {}
         for (scale, match, _, series), arms_ in sorted(by.items(), key=lambda kv: _view_order(kv[0])):
             seeds, p = _paired(arms_.get(a, {}), arms_.get(b, {}))
@@ -1528,12 +1532,11 @@ def study_summary(path: Path = RECORDS) -> str | None:
         verdicts = [f"{VERDICT[k]} {_and(names, of=len(pairs))}" for k in range(3)
                     if (names := [n for n, _, hits in pairs if _verdict(hits) == k])]
         if view[0] != 1:  # a verdict only: these runs keep the x1 allocation, and their numbers are in §8
-            n = sorted({len(seeds) for *_, hits in pairs for _, seeds, _ in hits})
             wider = sorted({_name(r["arm"]) for r in current if _wider(r) and _budget_key(r)[:2] == view})
             shape = (f"x1 allocation or one width step wider where validation preferred it ({_and(wider)}), "
                      "not swept further" if wider else "x1 allocation, not swept again")
             line += (f" At {view[0]:g}× the budget ({CONVENTION[view[1]].split(' (')[0]}{where}, each method at its "
-                     f"{shape}, {n[0]}{f'–{n[-1]}' if len(n) > 1 else ''} seeds): learned {', '.join(verdicts)}.")
+                     f"{shape}, {_seed_counts(pairs)} seeds): learned {', '.join(verdicts)}.")
             continue
         matched = CONVENTION[view[1]]
         told = [(name, "" if shape in said else shape, hits) for name, shape, hits in pairs]
@@ -1544,25 +1547,21 @@ def study_summary(path: Path = RECORDS) -> str | None:
     return line
 
 
-OTHERS = {"bpe-ngrams": "BPE-guided boundaries", "entropy-ngrams": "entropy patches", "hnet-ngrams": "H-Net's chunker"}
-"""The strategies the study reports but does not target, at fixed patches' allocation: the README's verdict."""
-
-
 def _others_said(rows: list[dict]) -> str:
-    """The README's sentence on OTHERS at matched total FLOPs (x1), once each has two or more seeds paired with
-    learned-ngrams: learned's verdict against each, "" before."""
-    by: dict[str, dict[int, float]] = {}
-    for r in rows:
-        if _budget_key(r)[:2] == (1, "flops-total") and (r["arm"] in OTHERS or r["arm"] == "learned-ngrams"):
-            by.setdefault(r["arm"], {})[r["seed"]] = r["test"]["bpb"]
-    found = {arm: _paired(by.get("learned-ngrams", {}), by.get(arm, {})) for arm in OTHERS}
-    if any(p is None for _, p in found.values()):
+    """The README's sentence on OTHER_PAIRS at matched total FLOPs (x1), once each has two or more seeds paired:
+    learned's verdict against each, "" before."""
+    pairs = _study_views(rows, OTHER_PAIRS).get((1, "flops-total"), [])
+    if len(pairs) < len(OTHER_PAIRS):
         return ""
     verdicts = [f"{VERDICT[k]} {_and(names)}" for k in range(3)
-                if (names := [OTHERS[a] for a, (_, p) in found.items() if _verdict([("", [], p)]) == k])]
-    n = sorted({len(seeds) for seeds, _ in found.values()})
-    return (f" At fixed patches' allocation ({n[0]}{f'–{n[-1]}' if len(n) > 1 else ''} seeds): learned "
-            f"{', '.join(verdicts)}.")
+                if (names := [n for n, _, hits in pairs if _verdict(hits) == k])]
+    return f" At fixed patches' allocation ({_seed_counts(pairs)} seeds): learned {', '.join(verdicts)}."
+
+
+def _seed_counts(pairs: list[tuple[str, str, Hits]]) -> str:
+    """How many seeds a view's pairs have: "3", or "2–3" when they differ."""
+    n = sorted({len(seeds) for *_, hits in pairs for _, seeds, _ in hits})
+    return f"{n[0]}{f'–{n[-1]}' if len(n) > 1 else ''}"
 
 
 def clock_pairs(path: Path = RECORDS) -> set[str]:
