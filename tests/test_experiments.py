@@ -1327,7 +1327,8 @@ def test_study_cost_sums_every_records_training_time_by_part_retired_runs_includ
 def test_allocation_queue_runs_the_study_in_order_and_saves_after_every_step(tmp_path):
     """experiments/allocation/queue.sh (the study's remaining steps, run again after any interruption) restores
     OUT first, collects after every sweep and scores after every final call, retires after stage 2 before any
-    final, gives whitespace 3 seeds where the others get 5, runs half the budget's five n-gram arms right after clock
+    final, gives whitespace 3 seeds where the others get 5
+    (bpe, entropy and hnet 3, with and without n-grams), runs half the budget's five n-gram arms right after clock
     series x, then the BPE transformer's clock sweep and clock series y (learned beside it, 5 seeds), the headline's
     controls with leaderboard's, and last the 4x budget's five n-gram arms, both at matched
     FLOPs with 3 seeds, 4x with its width check (seed 0 at both widths, then validation's choice)."""
@@ -1366,6 +1367,8 @@ def test_allocation_queue_runs_the_study_in_order_and_saves_after_every_step(tmp
     assert seeds["learned-ngrams", True, False, "1"] == seeds["uniform-ngrams", False, False, "1"] == set(range(5))
     assert seeds["whitespace", False, False, "1"] == {0, 1, 2} and seeds["learned", False, False, "1"] == set(range(5))
     assert seeds["learned-ngrams-chunks", False, False, "1"] == {0, 1, 2}
+    for other in ("bpe", "entropy", "hnet"):  # with and without n-grams, as the issue asks
+        assert seeds[other, False, False, "1"] == seeds[f"{other}-ngrams", False, False, "1"] == {0, 1, 2}
     for scale in ("4", "0.5"):
         assert {arm for arm, clock, _, s in seeds if s == scale} == {
             "learned-ngrams", "flat-ngrams", "bpe-lm-ngrams", "uniform-ngrams", "whitespace-ngrams"}

@@ -74,6 +74,9 @@ for s in 0 1 2 3 4; do
   [ "$s" -lt 3 ] && arms+=(whitespace)
   final --arms "${arms[@]}" --seeds "$s"
 done
+# 5b. the other strategies without n-grams (the issue's "with and without n-gram embeddings where they apply"), 3
+#     seeds, at uniform's allocation like their n-gram arms; added after step 5's plain arms had begun
+for s in 0 1 2; do final --arms bpe entropy hnet --seeds "$s"; done
 # 6. 4x the budget at matched total FLOPs: the n-gram arms of the first three targets and whitespace, 3 seeds, a
 #    seed's five arms together (the scope in docs/results.md §8; whitespace added after series x, before any 4x
 #    run). No sweep at 4x; the width check instead: seed 0 at each arm's x1 allocation and one width step wider,
