@@ -300,7 +300,13 @@ def readme_summary() -> str:
     else:
         preset = ""
     out += [x for x in (study or alloc.summary(), preset, _script("rates").summary()) if x]
-    return "\n".join(textwrap.fill(x, 115, subsequent_indent="  ", break_on_hyphens=False) for x in out) + "\n"
+    return "\n".join(_fill(x) for x in out) + "\n"
+
+
+def _fill(item: str) -> str:
+    """A README bullet wrapped at 115 columns, each of its lines (nested bullets) under its own marker."""
+    return "\n".join(textwrap.fill(line, 115, subsequent_indent=" " * (len(line) - len(line.lstrip()) + 2),
+                                    break_on_hyphens=False) for line in item.split("\n"))
 
 
 def _controls_said(lb) -> str:

@@ -396,7 +396,7 @@ def test_allocation_width_check_trains_a_step_wider_then_validations_choice_and_
     n, text = rows["budget: 4× instead of 1×", "flat-ngrams", "total FLOPs, " + alloc.WIDTH_CHOSEN]
     assert n.strip() == "2" and text.startswith(" -0.0750 [")  # its chosen (wider) runs against x1's
     assert alloc.study_summary(results).endswith(
-        " At 4× the budget (matched total FLOPs, each method at its x1 allocation or one width step wider where "
+        "\n  - At 4× the budget (matched total FLOPs, each method at its x1 allocation or one width step wider where "
         "validation preferred it (flat), not swept further, 2 seeds): learned ahead of flat and "
         "fixed patches.")
     assert alloc.budget_points(records.load(results))["flops"]["flat-ngrams"][-1][1:] == (
@@ -564,7 +564,7 @@ def test_allocation_retire_moves_stale_runs_aside_and_keeps_their_records_out_of
 
 
 def test_allocation_study_summary_pairs_seeds_and_says_each_convention(tmp_path):
-    """The README's study line: one sentence per convention, paired over seeds, a verdict from the intervals (the
+    """The README's study item: one nested bullet per convention, paired over seeds, a verdict from the intervals (the
     most cautious over a pair's clock series), each method's shape read from its flags; a convention today's runs
     lack read from stage 1's runs and said so; nothing until a pair has two seeds."""
     alloc = _allocation()
@@ -583,7 +583,7 @@ def test_allocation_study_summary_pairs_seeds_and_says_each_convention(tmp_path)
     records.write(path, [*records.load(path), final("learned-ngrams", 1, 2.05), final("flat-ngrams", 1, 2.2),
                          final("learned-ngrams", 0, 2.3, "time"), final("flat-ngrams", 0, 2.2, "time")])
     line = alloc.study_summary(path)
-    assert "Matched total FLOPs (attention counted): flat -0.125 [" in line
+    assert "parentheses).\n  - Matched total FLOPs (attention counted): flat -0.125 [" in line
     assert "] tie (2); learned tied with flat." in line
     assert "wall-clock" not in line  # the clock budget has one seed only
     series_b = {"scale": 1.0, "match": "time", "time_budget": 1e2, "series": "b"}
@@ -594,7 +594,7 @@ def test_allocation_study_summary_pairs_seeds_and_says_each_convention(tmp_path)
                          {**final("learned-ngrams", 0, 2.0, "time"), "budget": series_b},
                          {**final("learned-ngrams", 1, 2.1, "time"), "budget": series_b},
                          final("flat-ngrams", 1, 2.1, "time")])
-    line = alloc.study_summary(path)  # one sentence per convention; two clock series of a pair told apart
+    line = alloc.study_summary(path)  # a nested bullet per convention; two clock series of a pair told apart
     assert line.count("flat -0.125") == 1 and "wall-clock" not in line.split("Matched wall-clock")[1]
     clock = line.split("Matched wall-clock (the flat model's seconds): ")[1]
     assert clock.startswith("flat +0.100 [") and ", series b -0.100 [" in clock
@@ -653,14 +653,14 @@ def test_allocation_study_summary_pairs_seeds_and_says_each_convention(tmp_path)
                             ("flat-ngrams", 1, 2.0))]
     records.write(path, [*records.load(path), *x4])
     assert alloc.study_summary(path).endswith(  # the larger budget after every x1 view: its verdict alone
-        " At 4× the budget (matched total FLOPs, each method at its x1 allocation, not swept again, 2 seeds): "
+        "\n  - At 4× the budget (matched total FLOPs, each method at its x1 allocation, not swept again, 2 seeds): "
         "learned ahead of flat.")
     half = [{**r, "budget": {**r["budget"], "scale": 0.5}, "test": {**r["test"], "bpb": r["test"]["bpb"] + 0.3}}
             for r in x4[:2]] + [{**r, "budget": {**r["budget"], "scale": 0.5}} for r in x4[2:]]
     records.write(path, [*records.load(path), *half])
     line = alloc.study_summary(path)  # a smaller budget after the x1 views too, then the larger
-    assert " At 0.5× the budget (matched total FLOPs, each method at its x1 allocation, not swept again, 2 seeds): " \
-           "learned behind flat. At 4× the budget" in line
+    assert "\n  - At 0.5× the budget (matched total FLOPs, each method at its x1 allocation, not swept again, 2 " \
+           "seeds): learned behind flat.\n  - At 4× the budget" in line
     assert line.index("At 0.5×") > line.index("Matched wall-clock")
     others = [final(arm, s, b) for arm, s, b in (("bpe-ngrams", 0, 2.0), ("bpe-ngrams", 1, 2.05),  # learned's
                                                  ("entropy-ngrams", 0, 2.1), ("entropy-ngrams", 1, 2.15))]
@@ -669,8 +669,8 @@ def test_allocation_study_summary_pairs_seeds_and_says_each_convention(tmp_path)
     records.write(path, [*records.load(path), final("hnet-ngrams", 0, 2.2), final("hnet-ngrams", 1, 2.26),
                          final("hnet-ngrams", 2, 2.3)])  # seed 2 has no learned run to pair with
     flops = alloc.study_summary(path).split("Matched wall-clock")[0]  # said in the x1 FLOPs sentence, after it
-    assert flops.endswith("tied with flat and flat without n-grams. At fixed patches' allocation (2 seeds): "
-                          "learned ahead of entropy patches and H-Net's chunker, tied with BPE-guided boundaries. ")
+    assert flops.endswith("tied with flat and flat without n-grams. At fixed patches' allocation (2 seeds): learned "
+                          "ahead of entropy patches and H-Net's chunker, tied with BPE-guided boundaries.\n  - ")
 
 
 def test_allocation_levers_pair_each_lever_over_seeds(tmp_path):

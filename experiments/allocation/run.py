@@ -1430,6 +1430,9 @@ CONVENTION = {"flops-total": "matched total FLOPs (attention counted)",
               "flops-6n-padded": "matched 6N with padded token slots"}
 
 
+BULLET = "\n  - "
+"""How the README's study item starts each convention's sentence: a nested bullet, so the conventions the claim holds
+under read one to a line."""
 WALLOC_SAID = "at each one's wall-clock width × depth "
 """How the README's line names a clock series whose arms trained at their wall-clock allocation."""
 
@@ -1499,11 +1502,11 @@ def _at_stage_1(r: dict) -> bool:
 
 
 def study_summary(path: Path = RECORDS) -> str | None:
-    """The README's line on the study (each method at its own allocation, seeds paired, test BPB after the
-    first 256 KB), one sentence per convention: learned − each method in STUDY_PAIRS with two or more paired
-    seeds (`_study_views`) and what the intervals say (at a budget other than x1, whose runs keep the x1
-    allocation, the verdict alone). A convention today's runs do not have yet is read from stage 1's allocation
-    once stage 2 retired those runs, and says so; None before any."""
+    """The README's item on the study (each method at its own allocation, seeds paired, test BPB after the
+    first 256 KB), one nested bullet (BULLET) per convention and budget: learned − each method in STUDY_PAIRS with
+    two or more paired seeds (`_study_views`) and what the intervals say (at a budget other than x1, whose runs
+    keep the x1 allocation, the verdict alone). A convention today's runs do not have yet is read from stage 1's
+    allocation once stage 2 retired those runs, and says so; None before any."""
     from learntok import records
 
     rows = records.load(path)
@@ -1535,13 +1538,13 @@ def study_summary(path: Path = RECORDS) -> str | None:
             wider = sorted({_name(r["arm"]) for r in current if _wider(r) and _budget_key(r)[:2] == view})
             shape = (f"x1 allocation or one width step wider where validation preferred it ({_and(wider)}), "
                      "not swept further" if wider else "x1 allocation, not swept again")
-            line += (f" At {view[0]:g}× the budget ({CONVENTION[view[1]].split(' (')[0]}{where}, each method at its "
-                     f"{shape}, {_seed_counts(pairs)} seeds): learned {', '.join(verdicts)}.")
+            line += (f"{BULLET}At {view[0]:g}× the budget ({CONVENTION[view[1]].split(' (')[0]}{where}, each method "
+                     f"at its {shape}, {_seed_counts(pairs)} seeds): learned {', '.join(verdicts)}.")
             continue
         matched = CONVENTION[view[1]]
         told = [(name, "" if shape in said else shape, hits) for name, shape, hits in pairs]
         said |= {shape for _, shape, _ in pairs}  # the BPE transformer's vocabulary: said at its first pair only
-        line += (f" {matched[0].upper() + matched[1:]}{where}: "
+        line += (f"{BULLET}{matched[0].upper() + matched[1:]}{where}: "
                  + "; ".join(_pair_text(*pair, walloc, once) for pair in told) + f"; learned {', '.join(verdicts)}."
                  + (_others_said(current) if view == (1, "flops-total") and view in now else ""))
     return line
