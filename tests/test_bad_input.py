@@ -4,13 +4,14 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from learntok.cli import main
+from learntok.cli import COMMANDS, main
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["--version"], ["train", "--help"], ["generate", "--help"]])
@@ -126,3 +127,14 @@ def test_paper_presets_accumulate_micro_batches_of_eight():
     assert batch_split(cfg, Dist()) == (128, 8, 16)
     assert batch_split(cfg, Dist(world=8)) == (16, 8, 2)
     assert batch_split(cfg, Dist(world=32)) == (4, 4, 1)
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_usage_names_every_positional_argument(command, capsys):
+    """`learntok COMMAND --help`'s usage line says what each positional argument is (RUN, OUT, [MODEL], ...), not
+    the type tyro would print ("STR"), which leaves a newcomer guessing what `learntok prepare STR STR` takes."""
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    usage = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("usage:"))
+    positional = re.sub(r"\[-[^]]*\]|--\S+ \S+", "", usage)  # the options and their values out
+    assert "STR" not in positional.split(), usage

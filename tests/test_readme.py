@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -26,17 +27,29 @@ NETWORK = ("learntok eval-data fetch", "learntok push ")
 """README commands that need the network (the Hub): not run here."""
 SHORTER = {
     # README command (as written) -> the flags that make it a few seconds on a tiny corpus
-    "learntok train --out runs/t --max-steps 500": ["--max-steps", "2"],
     "learntok train --boundaries uniform --max-bytes 2e6": ["--max-steps", "2", "--out", "runs/u"],
     "learntok train --preset small --data DATA/enwiki --out runs/wiki --schedule time --time-budget 1200":
         ["--time-budget", "3", "--val-bytes", "4096"],
     "learntok train --resume runs/wiki --time-budget 2400": ["--time-budget", "5"],
     "learntok train --config run.toml --lr 1e-3": ["--max-steps", "2", "--out", "runs/c"],
     "learntok train --rate-range 0.1 0.33 --out runs/any": ["--max-steps", "2"],
+    "learntok train --ngram-sizes 3 4 5 6 7 8 --flops-budget 1.7e13 --flops-convention total":
+        ["--max-steps", "2", "--out", "runs/ngrams", "--val-bytes", "4096"],
     "learntok calibrate runs/any": ["--max-bytes", "8192"],
     "learntok eval runs/wiki": ["--limit", "2", "--max-bytes", "4096", "--per-document"],  # for compare --paired
     "learntok generate runs/wiki --prompt \"The river\"": ["--max-new-bytes", "8"],
 }
+AS_RUN = {
+    # README command whose budget sits before its `--` -> the command run instead (one cell, a few steps)
+    "learntok sweep runs/grid --flops-budget 1.7e13 --axis d-model=64,96 --axis n-mid=2,3 -- --boundaries uniform":
+        "learntok sweep runs/grid --flops-budget 1e10 --axis d-model=64 --axis n-mid=2 -- --boundaries uniform "
+        "--val-bytes 4096",
+}
+
+
+def _argv(cmd: str) -> list[str]:
+    """A README command's arguments as the tests run it: AS_RUN's form, then SHORTER's flags."""
+    return [*shlex.split(AS_RUN.get(cmd, cmd))[1:], *SHORTER.get(cmd, [])]
 
 
 def _commands() -> list[str]:
@@ -50,7 +63,6 @@ def test_every_readme_command_runs(tmp_path, monkeypatch, capsys):
     """Every command the README shows runs (exit 0) on a tiny English corpus, in the README's order, shortened by
     the flags in SHORTER; the two that need the network are skipped. A README command this test does not know
     fails it, so the README and the test move together."""
-    import shlex
 
     from learntok.cli import main
 
@@ -65,7 +77,8 @@ def test_every_readme_command_runs(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert main(["train", "--write-config", "run.toml", "--max-steps", "2"]) == 0  # README: --write-config FILE
     commands = _commands()
-    assert len(commands) >= 15 and all(c in commands for c in SHORTER), "README commands changed: update SHORTER"
+    assert len(commands) >= 15 and all(c in commands for c in [*SHORTER, *AS_RUN]), \
+        "README commands changed: update SHORTER and AS_RUN"
     ran = []
     for cmd in commands:
         if cmd.startswith(NETWORK):
@@ -76,7 +89,7 @@ def test_every_readme_command_runs(tmp_path, monkeypatch, capsys):
                     "--boundaries", "uniform", "--max-steps", "2", "--val-bytes", "4096"]
             assert main(base) == 0 and main(["eval", "runs/wiki-uniform", "--limit", "2", "--max-bytes", "4096",
                                              "--per-document"]) == 0
-        argv = [*shlex.split(cmd)[1:], *SHORTER.get(cmd, [])]
+        argv = _argv(cmd)
         if argv[-1] == "--help" or "--help" in argv:
             with pytest.raises(SystemExit) as e:
                 main(argv)
@@ -97,7 +110,6 @@ def test_readme_commands_on_a_base_install(tmp_path):
     LEARNTOK_BASE_BIN), every README command either runs or, where its comment says "needs [EXTRA]", stops with
     exit 2 and one line naming `learntok[EXTRA]`."""
     import os
-    import shlex
     import subprocess
 
     from .conftest import SHARED_DATA, write_text_corpus
@@ -131,7 +143,7 @@ def test_readme_commands_on_a_base_install(tmp_path):
                              "--boundaries", "uniform", "--max-steps", "2", "--val-bytes", "4096"]).returncode == 0
             assert learntok(["eval", "runs/wiki-uniform", "--limit", "2", "--max-bytes", "4096",
                              "--per-document"]).returncode == 0
-        res = learntok([*shlex.split(cmd)[1:], *SHORTER.get(cmd, [])])
+        res = learntok(_argv(cmd))
         extra = NEEDS.search(comment)
         if extra and extra.group(1) not in ("hf", "hub"):  # base-installed: hf/hub commands are the network ones
             assert res.returncode == 2, (cmd, res.stdout[-500:], res.stderr[-1500:])

@@ -22,10 +22,10 @@ examples:
 
 @dataclass(frozen=True, kw_only=True)
 class PrepareArgs:
-    source: Annotated[str, tyro.conf.Positional]
+    source: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="SOURCE")]
     """The data: 'stdlib', a file, directory or glob of .txt/.md/.py/.jsonl/.parquet (optionally .gz/.xz/.zst),
     or hf:NAME[:CONFIG][:SPLIT]."""
-    out: Annotated[str, tyro.conf.Positional]
+    out: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="OUT")]
     """Directory to write the prepared corpus to."""
     val_data: str | None = None
     """Validation data (default: a split of the source: its valid* files, or a hash hold-out)."""

@@ -26,7 +26,7 @@ examples:
 class DiagnoseArgs:
     what: Annotated[Literal["variance"], tyro.conf.Positional]
     """What to diagnose: variance (the policy gradient's)."""
-    run: Annotated[str, tyro.conf.Positional]
+    run: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="RUN")]
     """Run directory or checkpoint directory."""
     init: bool = False
     """Measure the run's model at initialisation (its config and seed) instead of its trained weights."""

@@ -26,7 +26,7 @@ examples:
 
 @dataclass(frozen=True, kw_only=True)
 class EvalArgs:
-    checkpoint: Annotated[str, tyro.conf.Positional]
+    checkpoint: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="MODEL")]
     """Run directory (its newest intact checkpoint), checkpoint directory run/step_N, exported model directory or
     Hugging Face Hub id user/name (those two need --data for held-out BPB)."""
     data: str | None = None
@@ -168,7 +168,7 @@ class CalibrateArgs:
       learntok calibrate runs/fixed --rates 0.1 0.15 0.2 0.3 # any learned model: its logits shifted, calibrated
       learntok calibrate enwiki-small --data notes.txt --out models/mine   # a calibrated copy of a bundled model"""
 
-    checkpoint: Annotated[str, tyro.conf.Positional]
+    checkpoint: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="MODEL")]
     """Run directory, checkpoint directory or exported model directory."""
     rates: tuple[float, ...] = ()
     """Asked rates to fit at (default: 9 log-spaced over the model's --rate-range, or over half to twice a
@@ -241,7 +241,7 @@ class CompareArgs:
     """Put evaluated runs side by side in the layout of the paper's Table 1 and Table 3 (reads each run's
     eval.json from `learntok eval` and its config.json)."""
 
-    runs: Annotated[tuple[str, ...], tyro.conf.Positional]
+    runs: Annotated[tuple[str, ...], tyro.conf.Positional, tyro.conf.arg(metavar="RUN [RUN ...]")]
     """Run directories (or eval.json files)."""
     out: str = "."
     """Directory for comparison.md, table1.csv, table3.csv (with --paired: paired.json)."""

@@ -39,7 +39,7 @@ CONVENTION_KEYS = {"6n": "flops", "6n-padded": "flops_padded", "total": "flops_t
 
 @dataclass(frozen=True, kw_only=True)
 class SweepArgs:
-    out: Annotated[str, tyro.conf.Positional]
+    out: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="OUT")]
     """Directory of the sweep: a run directory per cell, sweep.jsonl, sweep.md, sweep.png."""
     axis: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()
     """FLAG=V1,V2,... : a `learntok train` flag without its dashes and its values (repeat for more axes; they

@@ -225,10 +225,10 @@ class ExportArgs:
     """Convert a training run into a shareable model directory (config.json + model.safetensors, plus the
     strategy's files such as a BPE tokenizer), loadable with learntok.from_pretrained."""
 
-    run_dir: Annotated[str, tyro.conf.Positional]
+    run_dir: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="RUN")]
     """The run directory (its newest intact checkpoint), a checkpoint directory run/step_N, an exported model
     directory or a Hugging Face Hub id."""
-    out_dir: Annotated[str, tyro.conf.Positional]
+    out_dir: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="OUT")]
     """Where to write the model directory (with a model card, README.md)."""
 
 
@@ -246,9 +246,9 @@ class PushArgs:
     model card), creating the repository if needed; load it anywhere with learntok.from_pretrained("USER/NAME").
     Needs pip install 'learntok[hub]' and a token (huggingface-cli login, or HF_TOKEN)."""
 
-    source: Annotated[str, tyro.conf.Positional]
+    source: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="SOURCE")]
     """Run directory, checkpoint directory run/step_N or exported model directory."""
-    repo_id: Annotated[str, tyro.conf.Positional]
+    repo_id: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="USER/NAME")]
     """Hub repository, USER/NAME."""
     private: bool = False
     """Create the repository as private."""

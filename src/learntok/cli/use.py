@@ -49,7 +49,7 @@ def input_path(file: str) -> Path:
 class GenerateArgs:
     """Continue prompts, streaming bytes as they are produced (cached at the byte and token levels)."""
 
-    checkpoint: Annotated[str, tyro.conf.Positional] = "enwiki-small"
+    checkpoint: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="[MODEL]")] = "enwiki-small"
     """Run, checkpoint or exported model directory, Hugging Face Hub id user/name, or a bundled model (enwiki-small
     ships with learntok)."""
     prompt: Annotated[tuple[str, ...], tyro.conf.UseAppendAction]
@@ -109,7 +109,7 @@ def cmd_generate(argv: list[str]) -> int:
 class SegmentArgs:
     """Segment text with a model's learned boundaries (a boundary byte starts a segment)."""
 
-    checkpoint: Annotated[str, tyro.conf.Positional] = "enwiki-small"
+    checkpoint: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="[MODEL]")] = "enwiki-small"
     """Run, checkpoint or exported model directory, Hugging Face Hub id user/name, or a bundled model (enwiki-small
     ships with learntok)."""
     text: str | None = None
@@ -191,7 +191,7 @@ class VocabArgs:
     """Statistics of the learned segments over a corpus: most frequent segments, mean length, share of whole
     words."""
 
-    checkpoint: Annotated[str, tyro.conf.Positional] = "enwiki-small"
+    checkpoint: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="[MODEL]")] = "enwiki-small"
     """Run, checkpoint or exported model directory, Hugging Face Hub id user/name, or a bundled model (enwiki-small
     ships with learntok)."""
     data: str

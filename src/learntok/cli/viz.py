@@ -31,7 +31,7 @@ examples:
 
 @dataclass(frozen=True, kw_only=True)
 class ShowArgs:
-    checkpoint: Annotated[str, tyro.conf.Positional] = "enwiki-small"
+    checkpoint: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="[MODEL]")] = "enwiki-small"
     """Run directory (its newest intact checkpoint), checkpoint directory run/step_N, exported model directory,
     Hugging Face Hub id user/name, or a bundled model (enwiki-small ships with learntok)."""
     text: str | None = None
@@ -117,7 +117,7 @@ class PlotArgs:
       learntok plot runs/tiny --format svg              # writes runs/tiny/plots/*.svg
       learntok plot --rate-sweep runs/variable runs/fixed-0.1 runs/fixed-0.2 --out figs   # figs/rate_sweep.png"""
 
-    runs: Annotated[tuple[str, ...], tyro.conf.Positional]
+    runs: Annotated[tuple[str, ...], tyro.conf.Positional, tyro.conf.arg(metavar="RUN [RUN ...]")]
     """Run directories (each with metrics.jsonl; with --rate-sweep, with eval*.json)."""
     out: str | None = None
     """Output directory (default: RUN_DIR/plots for one run, ./plots for several)."""
@@ -157,7 +157,7 @@ class ReportArgs:
       learntok report runs/tiny                  # writes runs/tiny/report.html
       learntok report runs/tiny --out tiny.html --samples 5"""
 
-    run: Annotated[str, tyro.conf.Positional]
+    run: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="RUN")]
     """Run directory."""
     out: str | None = None
     """Output file (default: RUN_DIR/report.html)."""
