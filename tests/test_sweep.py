@@ -62,6 +62,26 @@ def test_a_sweep_trains_every_cell_to_the_budget_records_it_and_resumes(text_cor
 
 
 @pytest.mark.slow
+def test_the_python_api_sweeps_zipped_axes_and_resumes(text_corpus, tmp_path, capsys):
+    """learntok.sweep: the command's grid from a dict (a tuple value moves two flags together), its records back;
+    called again it trains nothing."""
+    import learntok
+
+    out = tmp_path / "api"
+    rows = learntok.sweep(out, {"n-mid,target-rate": [(1, 0.5), (2, 0.25)]}, flops_budget=float(BUDGET),
+                          train_flags=_train_flags(text_corpus))
+    assert sorted((r["axes"]["n-mid"], r["axes"]["target-rate"]) for r in rows) == [("1", "0.5"), ("2", "0.25")]
+    assert all(r["config"]["flops_budget"] == float(BUDGET) and r["flops"] >= float(BUDGET) for r in rows)
+    assert {r["config"]["model"]["n_mid"] for r in rows} == {1, 2}
+    capsys.readouterr()
+    assert learntok.sweep(out, {"n-mid,target-rate": [(1, 0.5), (2, 0.25)]}, flops_budget=float(BUDGET),
+                          train_flags=_train_flags(text_corpus)) == rows
+    assert ": training" not in capsys.readouterr().out
+    with pytest.raises(ValueError, match="one of them"):
+        learntok.sweep(out, {"d-model": [32]})
+
+
+@pytest.mark.slow
 def test_a_time_budget_sweep_trains_every_cell_for_the_same_seconds(text_corpus, tmp_path):
     out = tmp_path / "sweep"
     assert main(["sweep", str(out), "--axis", "d-model=32", "--time-budget", "1.5", "--",

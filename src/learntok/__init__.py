@@ -24,6 +24,14 @@ def generate(model, prompts, max_new_bytes: int = 200, **kw) -> list[bytes]:
     return _generate(model, prompts, max_new_bytes, **kw)
 
 
+def sweep(out, axes, **kw) -> list[dict]:
+    """A grid of training runs, every cell at one FLOPs or time budget, resumable; its records (see
+    learntok.cli.sweep.sweep for the options; the command line's `learntok sweep`)."""
+    from learntok.cli.sweep import sweep as _sweep
+
+    return _sweep(out, axes, **kw)
+
+
 def __getattr__(name):  # lazy: `learntok.Segmenter` without importing torch at package import
     if name in ("Segmenter", "Span"):
         from learntok import segment

@@ -24,6 +24,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
@@ -218,20 +219,45 @@ def write_reports(out: Path, rows: list[dict]) -> None:
         pass
 
 
+def sweep(out: str | Path, axes: dict[str, Sequence], *, train_flags: Sequence[str] = (), flops_budget: float = 0.0,
+          time_budget: float = 0.0, flops_convention: str = "6n", seeds: Sequence[int] = (0,)) -> list[dict]:
+    """`learntok sweep` from Python: every cell of `axes` ({"d-model": [64, 96], "n-mid,target-rate": [(2, 0.5),
+    (3, 0.333)]}: a `learntok train` flag without its dashes, or flags moved together, and its values) trained with
+    `train_flags` to one budget, resumable as the command is; returns the sweep's records, one per finished cell
+    and seed (OUT/sweep.jsonl)."""
+    from learntok import records
+
+    spec = tuple(f"{flag}=" + ",".join(":".join(map(str, v)) if isinstance(v, (tuple, list)) else str(v)
+                                       for v in values) for flag, values in axes.items())
+    a = SweepArgs(out=str(out), axis=spec, flops_budget=flops_budget, time_budget=time_budget,
+                  flops_convention=flops_convention, seeds=tuple(seeds))  # type: ignore[arg-type]
+    run_sweep(a, list(train_flags))
+    return records.load(Path(out) / RECORDS)
+
+
 def cmd_sweep(argv: list[str]) -> int:
     """`learntok sweep OUT --axis FLAG=V1,V2 ... --flops-budget F | --time-budget S [-- TRAIN FLAGS]`."""
     from learntok import records
-    from learntok.cli.train import parse_train_args
 
     own, train_flags = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
     a = parse(SweepArgs, own, "learntok sweep", __doc__ or "")
-    out = Path(a.out)
-    path = out / RECORDS
     if a.report:
-        rows = records.load(path)
-        write_reports(out, rows)
+        rows = records.load(Path(a.out) / RECORDS)
+        write_reports(Path(a.out), rows)
         print(table(rows), end="")
         return 0
+    run_sweep(a, train_flags)
+    return 0
+
+
+def run_sweep(a: SweepArgs, train_flags: list[str]) -> None:
+    """Train every cell of `a`'s grid not yet recorded (one child `learntok train` at a time), record each, rewrite
+    the table and plot after each; every cell's flags are checked before anything trains."""
+    from learntok import records
+    from learntok.cli.train import parse_train_args
+
+    out = Path(a.out)
+    path = out / RECORDS
     if not a.axis:
         raise UsageError("give at least one --axis FLAG=V1,V2")
     grid = cells(parse_axes(a.axis))
@@ -272,4 +298,3 @@ def cmd_sweep(argv: list[str]) -> int:
     rows = records.load(path)
     print(table(rows), end="")
     print(f"written: {path}, {out / 'sweep.md'}" + (f", {out / 'sweep.png'}" if (out / "sweep.png").exists() else ""))
-    return 0
