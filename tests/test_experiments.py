@@ -617,17 +617,23 @@ def test_allocation_study_summary_pairs_seeds_and_says_each_convention(tmp_path)
     records.write(path, [*records.load(path), final("learned", 0, 2.4), final("flat", 0, 2.3),
                          final("learned", 1, 2.45), final("flat", 1, 2.3)])
     line = alloc.study_summary(path)
-    assert "; flat without n-grams +0.125 [" in line and "tied with flat and flat without n-grams." in line
+    assert "; flat (both without n-grams) +0.125 [" in line
+    assert "tied with flat and flat (both without n-grams)." in line
     bpe = ["--arch", "token", "--bpe-vocab-size", "4096", "--d-model", "64", "--n-mid", "4", "--bpe-vocab-size", "2048"]
     records.write(path, [*records.load(path), *[{**final("bpe-lm-ngrams", s, b), "flags": bpe}
                                                 for s, b in ((0, 2.3), (1, 2.36))]])
     line = alloc.study_summary(path)  # the allocation's flag, given last; the verdict names the method alone
     assert "; BPE transformer (vocabulary 2,048) -0.305 [" in line
-    assert "learned ahead of BPE transformer, tied with flat and flat without n-grams." in line
+    assert "learned ahead of BPE transformer, tied with flat and flat (both without n-grams)." in line
     records.write(path, [*records.load(path), *[{**final("bpe-lm-ngrams", s, b, "time"), "flags": bpe}
                                                 for s, b in ((0, 2.4), (1, 2.3))]])
     line = alloc.study_summary(path)  # its vocabulary said at its first pair only
     assert line.count("(vocabulary 2,048)") == 1 and "; BPE transformer -0.100 [" in line.split("Matched wall")[1]
+    plain = path.with_name("plain.jsonl")  # the BPE pair without n-grams too: the vocabulary still said once
+    records.write(plain, [*records.load(path), *[{**final("bpe-lm", s, b), "flags": bpe} for s, b in ((0, 2.2),
+                                                                                                       (1, 2.3))]])
+    line = alloc.study_summary(plain)
+    assert line.count("(vocabulary 2,048)") == 1 and "; BPE transformer (both without n-grams) +0.175 [" in line
     assert alloc._and(["a", "b", "c"], of=3) == "all three" and alloc._and(["a", "b", "c"], of=4) == "a, b and c"
     assert alloc._and(["a", "b"], of=2) == "a and b"
     window = ["--byte-window", "4"]  # stage 2 gives learned a byte window: `retire` marks its runs
@@ -669,8 +675,9 @@ def test_allocation_study_summary_pairs_seeds_and_says_each_convention(tmp_path)
     records.write(path, [*records.load(path), final("hnet-ngrams", 0, 2.2), final("hnet-ngrams", 1, 2.26),
                          final("hnet-ngrams", 2, 2.3)])  # seed 2 has no learned run to pair with
     flops = alloc.study_summary(path).split("Matched wall-clock")[0]  # said in the x1 FLOPs sentence, after it
-    assert flops.endswith("tied with flat and flat without n-grams. At fixed patches' allocation (2 seeds): learned "
-                          "ahead of entropy patches and H-Net's chunker, tied with BPE-guided boundaries.\n  - ")
+    assert flops.endswith("tied with flat and flat (both without n-grams). At fixed patches' allocation (2 seeds): "
+                          "learned ahead of entropy patches and H-Net's chunker, tied with BPE-guided "
+                          "boundaries.\n  - ")
 
 
 def test_allocation_levers_pair_each_lever_over_seeds(tmp_path):
