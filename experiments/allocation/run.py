@@ -1534,8 +1534,7 @@ def study_summary(path: Path = RECORDS) -> str | None:
             where += ", each method at its wall-clock width × depth"
         if view[1] == "time":
             where += _clock_flops(current if view in now else stage_1, view, series if once else None)
-        verdicts = [f"{VERDICT[k]} {_and(names, of=len(pairs))}" for k in range(3)
-                    if (names := [n for n, _, hits in pairs if _verdict(hits) == k])]
+        verdicts = _verdicts(pairs, of=len(pairs))
         if view[0] != 1:  # a verdict only: these runs keep the x1 allocation, and their numbers are in §8
             wider = sorted({_name(r["arm"]) for r in current if _wider(r) and _budget_key(r)[:2] == view})
             shape = (f"x1 allocation or one width step wider where validation preferred it ({_and(wider)}), "
@@ -1560,9 +1559,14 @@ def _others_said(rows: list[dict]) -> str:
     pairs = _study_views(rows, OTHER_PAIRS).get((1, "flops-total"), [])
     if len(pairs) < len(OTHER_PAIRS):
         return ""
-    verdicts = [f"{VERDICT[k]} {_and(names)}" for k in range(3)
-                if (names := [n for n, _, hits in pairs if _verdict(hits) == k])]
-    return f" At fixed patches' allocation ({_seed_counts(pairs)} seeds): learned {', '.join(verdicts)}."
+    return f" At fixed patches' allocation ({_seed_counts(pairs)} seeds): learned {', '.join(_verdicts(pairs))}."
+
+
+def _verdicts(pairs: list[tuple[str, str, Hits]], of: int = 0) -> list[str]:
+    """What a view's pairs say of learned, grouped by VERDICT ("ahead of flat and BPE transformer", ...; "all
+    four" per `_and` when every one of `of` pairs shares a verdict)."""
+    return [f"{VERDICT[k]} {_and(names, of=of)}" for k in range(3)
+            if (names := [n for n, _, hits in pairs if _verdict(hits) == k])]
 
 
 def _seed_counts(pairs: list[tuple[str, str, Hits]]) -> str:

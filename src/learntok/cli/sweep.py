@@ -220,7 +220,8 @@ def write_reports(out: Path, rows: list[dict]) -> None:
 
 
 def sweep(out: str | Path, axes: dict[str, Sequence], *, train_flags: Sequence[str] = (), flops_budget: float = 0.0,
-          time_budget: float = 0.0, flops_convention: str = "6n", seeds: Sequence[int] = (0,)) -> list[dict]:
+          time_budget: float = 0.0, flops_convention: Literal["6n", "6n-padded", "total"] = "6n",
+          seeds: Sequence[int] = (0,)) -> list[dict]:
     """`learntok sweep` from Python: every cell of `axes` ({"d-model": [64, 96], "n-mid,target-rate": [(2, 0.5),
     (3, 0.333)]}: a `learntok train` flag without its dashes, or flags moved together, and its values) trained with
     `train_flags` to one budget, resumable as the command is; returns the sweep's records, one per finished cell
@@ -230,7 +231,7 @@ def sweep(out: str | Path, axes: dict[str, Sequence], *, train_flags: Sequence[s
     spec = tuple(f"{flag}=" + ",".join(":".join(map(str, v)) if isinstance(v, (tuple, list)) else str(v)
                                        for v in values) for flag, values in axes.items())
     a = SweepArgs(out=str(out), axis=spec, flops_budget=flops_budget, time_budget=time_budget,
-                  flops_convention=flops_convention, seeds=tuple(seeds))  # type: ignore[arg-type]
+                  flops_convention=flops_convention, seeds=tuple(seeds))
     run_sweep(a, list(train_flags))
     return records.load(Path(out) / RECORDS)
 
@@ -242,8 +243,9 @@ def cmd_sweep(argv: list[str]) -> int:
     own, train_flags = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
     a = parse(SweepArgs, own, "learntok sweep", __doc__ or "")
     if a.report:
-        rows = records.load(Path(a.out) / RECORDS)
-        write_reports(Path(a.out), rows)
+        out = Path(a.out)
+        rows = records.load(out / RECORDS)
+        write_reports(out, rows)
         print(table(rows), end="")
         return 0
     run_sweep(a, train_flags)
