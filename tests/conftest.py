@@ -22,14 +22,14 @@ def sample_docs() -> list[bytes]:
 
 
 def build_model(strategy: str, run_dir: Path | None = None, model_kw: dict | None = None, **boundary_kw):
-    """A seeded tiny ByteLM in train mode with its strategy prepared on `sample_docs()` (the learned policy
-    conditions on 3 previous boundaries unless told otherwise)."""
-    from learntok.model.lm import ByteLM
+    """A seeded tiny U-Net (a HierLM with inner_layers in model_kw) in train mode with its strategy prepared on
+    `sample_docs()` (the learned policy conditions on 3 previous boundaries unless told otherwise)."""
+    from learntok.model import build_model as build
 
     torch.manual_seed(0)
     bkw = dict(policy_window=3) if strategy == "learned" else {}
     bkw.update(boundary_kw)
-    m = ByteLM(tiny_model(**(model_kw or {})), boundary_config(strategy, **bkw))
+    m = build(tiny_model(**(model_kw or {})), boundary_config(strategy, **bkw))
     docs = sample_docs()
     m.boundary.prepare(docs[:-2], docs[-2:], run_dir)
     return m.train()

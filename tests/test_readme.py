@@ -36,6 +36,7 @@ SHORTER = {
     "learntok train --ngram-sizes 3 4 5 6 7 8 --flops-budget 1.7e13 --flops-convention total":
         ["--max-steps", "2", "--out", "runs/ngrams", "--val-bytes", "4096"],
     "learntok calibrate runs/any": ["--max-bytes", "8192"],
+    "learntok train --inner-layers 1 --out runs/two-level": ["--max-steps", "2"],
     "learntok eval runs/wiki": ["--limit", "2", "--max-bytes", "4096", "--per-document"],  # for compare --paired
     "learntok generate runs/wiki --prompt \"The river\"": ["--max-new-bytes", "8"],
 }

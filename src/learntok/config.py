@@ -93,6 +93,13 @@ class ModelConfig:
     """Rows of a hashed embedding of each token's bytes, added to the token level's input (a learned vocabulary of
     the chunks the boundaries cut, at the cost of a lookup; not in the paper); 0: none. A token closed at byte b
     reads bytes <= b only."""
+    inner_layers: int = 0
+    """A second boundary level (a two-level hierarchy, bytes -> tokens -> super-tokens; not in the paper, which
+    leaves deeper hierarchies open): this many full-causal token layers before and as many after it, around the
+    n_mid layers, which then run over super-tokens. The second level's strategy is --boundaries' own (learned or
+    uniform) at --inner-rate; 0: one level, the paper's U-Net (docs/method.md §9)."""
+    inner_rate: float = 0.5
+    """With --inner-layers: the second level's target rate, super-token boundaries per token."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ngram_sizes", tuple(int(n) for n in self.ngram_sizes))  # JSON gives a list
@@ -105,6 +112,11 @@ class ModelConfig:
             raise ValueError(f"token_bucket must be >= 0, got {self.token_bucket}")
         if min(self.n_down, self.n_up) < 1 or self.n_mid < 0 or self.byte_window < 1:
             raise ValueError("n_down and n_up must be >= 1, n_mid >= 0 and byte_window >= 1")
+        if self.inner_layers < 0 or not 0 < self.inner_rate < 1:
+            raise ValueError(f"inner_layers must be >= 0 and inner_rate in (0, 1), got {self.inner_layers}, "
+                             f"{self.inner_rate:g}")
+        if self.inner_layers and self.arch != "unet":
+            raise ValueError("--inner-layers (a second boundary level) needs --arch unet")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -55,6 +55,10 @@ class ModelOutput:
     """(B,) real tokens per sequence at the token level."""
     token_slots: int | None = None
     """Token-level length per sequence under --token-bucket (static shapes), None when packed."""
+    n_super: torch.Tensor | None = None
+    """(B,) super-tokens per sequence at a second boundary level (--inner-layers), else None."""
+    inner_boundaries: BoundaryOutput | None = None
+    """The second level's draw, over token slots (B,M) (--inner-layers), else None."""
     batch_stats: BatchSums | None = None
     """This micro-batch's local sums of the estimator's batch statistics (strategies that use rewards), for the
     training loop to reduce over the global batch (learntok.train.parallel)."""
@@ -97,6 +101,9 @@ class GenerationState:
 
 
 class ByteLM(nn.Module):
+    cached_generation = True
+    """`init_state` / `step` generate with caches (when the strategy has a `step`)."""
+
     def __init__(self, cfg: ModelConfig, bcfg: BoundaryConfig):
         super().__init__()
         self.cfg, self.bcfg = cfg, bcfg

@@ -266,8 +266,8 @@ def train(cfg: TrainConfig, *, log=print, on_eval: EvalHook | None = None,
                 state.step += 1
                 state.bytes_seen += bytes_per_step
                 state.tokens_seen += counts.tokens
-                fl = model.flops_conventions(bytes_per_step // cfg.data.seq_len, cfg.data.seq_len, counts.tokens,
-                                             counts.slots, counts.token_pairs)
+                fl = model.flops_conventions(bytes_per_step // cfg.data.seq_len, cfg.data.seq_len,
+                                             *counts.flops_counts())
                 for convention, key in KEYS.items():
                     setattr(state, key, getattr(state, key) + fl[convention])
                 bad_run = bad_run + 1 if bad else 0
@@ -371,6 +371,17 @@ class StepCounts:
     """Token positions of a dense token level: per micro-batch, rows x its longest row (or --token-bucket's)."""
     token_pairs: float
     """Causal query-key pairs at the token level (sum over rows of L (L + 1) / 2)."""
+    supers: float = 0.0
+    """Super-tokens formed at a second boundary level (--inner-layers; 0 without one)."""
+    super_slots: float = 0.0
+    """Super-token positions of a dense second level (rows x its longest row, per micro-batch)."""
+    super_pairs: float = 0.0
+    """Causal query-key pairs at the super-token level."""
+
+    def flops_counts(self) -> tuple:
+        """Arguments of the model's `flops_conventions` after (rows, seq_len): a two-level model's too."""
+        inner = (self.supers, self.super_slots, self.super_pairs) if self.supers else ()
+        return self.tokens, self.slots, self.token_pairs, *inner
 
 
 def spent(state: TrainState, cfg: TrainConfig) -> float:
@@ -410,6 +421,7 @@ def train_step(run: Run, step: int) -> tuple[StepCounts, str]:
 
     reducer = run.stats.reducer(pre_pass) if model.boundary.uses_rewards else None
     tokens, slots, pairs, losses, local = [], [], [], [], []
+    supers = []  # a second level's (super-tokens, slots, pairs) per micro-batch
     for i, mb in enumerate(parts):
         sync = contextlib.nullcontext()
         if d.active and cfg.parallel == "ddp" and i < run.accum - 1:
@@ -423,6 +435,9 @@ def train_step(run: Run, step: int) -> tuple[StepCounts, str]:
         tokens.append(n.sum())
         slots.append(n.numel() * (out.token_slots or n.max()))  # a dense token level: rows x the longest row
         pairs.append((n * (n + 1)).sum() // 2)  # causal token attention's query-key pairs
+        if out.n_super is not None:
+            s = out.n_super
+            supers.append(torch.stack([s.sum(), s.numel() * s.max(), (s * (s + 1)).sum() // 2]))
         losses.append(out.loss.detach())
         if out.batch_stats is not None:
             local.append(out.batch_stats)
@@ -432,8 +447,8 @@ def train_step(run: Run, step: int) -> tuple[StepCounts, str]:
     if hasattr(norm, "full_tensor"):  # FSDP2: a DTensor over the shards
         norm = norm.full_tensor()
     # The step's one read from the device (besides --token-bucket's count): skip a non-finite update.
-    counts = [sum(tokens), sum(slots), sum(pairs)]
-    grad_norm, *losses, n_tokens, n_slots, n_pairs = torch.stack(
+    counts = [sum(tokens), sum(slots), sum(pairs), *(sum(supers).unbind() if supers else [0, 0, 0])]
+    grad_norm, *losses, n_tokens, n_slots, n_pairs, n_sup, n_sup_slots, n_sup_pairs = torch.stack(
         [torch.as_tensor(t, device=norm.device).double() for t in (norm, *losses, *counts)]).tolist()
     finite = math.isfinite(grad_norm) and all(map(math.isfinite, losses))
     if d.active:  # skip on every rank or on none
@@ -444,5 +459,6 @@ def train_step(run: Run, step: int) -> tuple[StepCounts, str]:
     run.opt.zero_grad(set_to_none=True)
     run.window.end_step(grad_norm, applied=finite)
     bad = "" if finite else f"loss {', '.join(f'{v:g}' for v in losses)}, gradient norm {grad_norm:g}"
-    total = all_reduce_sum(torch.tensor([n_tokens, n_slots, n_pairs], dtype=torch.float64), d).tolist()
-    return StepCounts(int(total[0]), total[1], total[2]), bad
+    total = all_reduce_sum(torch.tensor([n_tokens, n_slots, n_pairs, n_sup, n_sup_slots, n_sup_pairs],
+                                        dtype=torch.float64), d).tolist()
+    return StepCounts(int(total[0]), *total[1:]), bad

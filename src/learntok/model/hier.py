@@ -1,0 +1,271 @@
+"""A two-level hierarchy (`--inner-layers N`; not in the paper, which leaves deeper hierarchies open):
+
+    X  = encode(x)                    n_down byte layers
+    a  ~ strategy(X)                  first level: token boundaries over bytes, a_0 = 1
+    Z  = inner_down(select(X, a))     N full-causal layers over tokens, RoPE at their boundary bytes
+    s  ~ strategy'(Z)                 second level: super-token boundaries over tokens, s_0 = 1
+    Y2 = mid(select(Z, s))            n_mid layers over super-tokens
+    Y1 = inner_up(Z + Y2[c'(j)])      N layers over tokens, each token reading its super-token back
+    logits = head(decode(X + Y1[c(t)]))
+
+The second level's strategy is the first's (`--boundaries learned` or `uniform`, same options) at --inner-rate
+super-tokens per token. Both levels are causal by the same argument: token j is built at its boundary byte b_j
+and read back by bytes >= b_j; super-token k at its first token, read back by later tokens.
+
+Estimator (learned). A boundary's return counts rewards its decision can reach, as at one level:
+- first level: r_t = log p(x_{t+1}) - log p_early(x_{t+1}), the early head reading X (the paper's);
+- second level: per token j, R_j = sum over the bytes t that read token j of log p(x_{t+1}) - log p_early2(x_{t+1}),
+  where early2 reads X + Z[c(t)] (the hierarchy without its second level). It depends on the first level's
+  boundaries but not on the second's, so it is a baseline for the second level's decisions (no bias given the
+  first). Returns are discounted per token (gamma per token, not per byte).
+Both policies see rewards of the full model, so each term is a score-function estimate of the gradient of the
+same objective (E over both levels' draws; the second is drawn given the first). The second level's policy loss
+is summed over its decisions and divided by the first level's decision count, not by its own (a random count
+that would reweight batches by their token count): tests/test_hier.py checks the joint estimator against exact
+enumeration.
+
+Second-level uniforms come from the same per-byte noise as the first, so prefixes draw what whole sequences draw
+(generation): token j's draw is frac(4096 u_{b_j}), the low 12 of the float's 24 random bits, which the first
+level's comparison u_t < p_t uses only when p_t is within 2^-12 of u_t.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from learntok.boundaries import build_strategy
+from learntok.boundaries.base import BATCH_STATS, BoundaryOutput, StatsReducer
+from learntok.boundaries.pooling import Tokens, distribute_add
+from learntok.model.lm import ByteLM, ModelOutput
+from learntok.nn.layers import Block, Packing, RMSNorm
+from learntok.vocab import IGNORE
+
+INNER_STRATEGIES = ("learned", "uniform")
+"""Strategies a second level can use: they act on any sequence of states (no bytes, no prescribed flags)."""
+SPLIT = 4096.0
+"""The second level's uniforms are frac(SPLIT x u): the low bits of the first level's."""
+
+
+def inner_uniforms(noise: torch.Tensor) -> torch.Tensor:
+    """The second level's uniforms (B,T) from the first level's (B,T): frac(4096 u), per byte."""
+    return torch.frac(noise.float() * SPLIT)
+
+
+def compose_uniforms(u1: torch.Tensor, u2: torch.Tensor) -> torch.Tensor:
+    """Noise whose first-level uniforms are u1 to 12 bits and whose second-level ones are u2 (tests)."""
+    return (torch.floor(u1 * SPLIT).clamp(max=SPLIT - 1) + u2) / SPLIT
+
+
+@dataclasses.dataclass
+class PairSums:
+    """Both levels' batch sums as one `BatchSums` (the training loop reduces them with one vector)."""
+
+    first: object
+    second: object
+
+    def stacked(self) -> torch.Tensor:
+        return torch.cat([self.first.stacked(), self.second.stacked()])
+
+    def unstacked(self, v: torch.Tensor) -> PairSums:
+        n = self.first.stacked().numel()
+        return PairSums(self.first.unstacked(v[:n]), self.second.unstacked(v[n:]))
+
+
+def _level_reducer(reduce: StatsReducer | None, level: int) -> StatsReducer | None:
+    """One level's reducer from the pair's (`PairSums`): the other level's slot holds zeros (an all-reduce adds
+    nothing to it; precomputed totals ignore it). Both levels run one strategy over T columns, so their sums have
+    one shape."""
+    if reduce is None:
+        return None
+
+    def one(local):
+        zeros = local.unstacked(torch.zeros_like(local.stacked()))
+        out = reduce(PairSums(local, zeros) if level == 0 else PairSums(zeros, local))
+        return out.first if level == 0 else out.second
+    return one
+
+
+def _pad_columns(out: BoundaryOutput, T: int) -> BoundaryOutput:
+    """A second-level output (B,M) padded to (B,T) columns: the batch statistics then have one shape in every
+    micro-batch and process whatever its token count (padding: no boundary, not free)."""
+    changes = {}
+    for f in dataclasses.fields(out):
+        v = getattr(out, f.name)
+        if torch.is_tensor(v) and v.dim() == 2 and f.name not in ("rate",):
+            changes[f.name] = F.pad(v, (0, T - v.shape[1]))  # False / 0 past the tokens
+    return dataclasses.replace(out, **changes)
+
+
+class HierLM(ByteLM):
+    """The U-Net with a second boundary level between its token layers (module docstring)."""
+
+    cached_generation = False
+    """Generation recomputes the prefix for every byte (no caches across the second level yet)."""
+
+    def __init__(self, cfg, bcfg):
+        if bcfg.boundaries not in INNER_STRATEGIES:
+            raise ValueError(f"--inner-layers needs --boundaries {' or '.join(INNER_STRATEGIES)} (the second level "
+                             f"uses the first's strategy), got {bcfg.boundaries}")
+        if getattr(bcfg, "rate_range", None) is not None:
+            raise ValueError("--inner-layers does not combine with --rate-range yet")
+        super().__init__(cfg, bcfg)
+        d, H, N = cfg.d_model, cfg.n_heads, cfg.inner_layers
+        hidden = round(cfg.token_mlp_mult * d)
+        self.inner_down = nn.ModuleList(Block(d, H, hidden, None, cfg.attn_softcap, cfg.attn_backend) for _ in range(N))
+        self.inner_up = nn.ModuleList(Block(d, H, hidden, None, cfg.attn_softcap, cfg.attn_backend) for _ in range(N))
+        self.inner = build_strategy(dataclasses.replace(bcfg, target_rate=cfg.inner_rate, force_last=False), d)
+        for part in (self.inner_down, self.inner_up):
+            part.apply(self._init)
+        self.inner.reset_parameters(cfg.init_std)
+        n_layers = cfg.n_down + cfg.n_mid + cfg.n_up + 2 * N
+        for name, p in [*self.inner_down.named_parameters(), *self.inner_up.named_parameters()]:
+            if name.endswith("attn.proj.weight") or name.endswith("mlp.down.weight"):
+                nn.init.normal_(p, std=cfg.init_std / n_layers**0.5 / 2**0.5)
+        self.norm_early2 = RMSNorm(d)  # the second level's early exit starts as a copy of the output head
+        with torch.random.fork_rng(devices=[]):
+            self.head_early2 = nn.Linear(d, self.head.out_features, bias=False)
+        with torch.no_grad():
+            self.norm_early2.weight.copy_(self.norm_out.weight)
+            self.head_early2.weight.copy_(self.head.weight)
+
+    def compile_stages(self, **options) -> None:
+        raise ValueError("--compile does not support --inner-layers yet (its second level reads a token count "
+                         "mid-step); train eagerly")
+
+    compile_blocks = compile_stages
+
+    # -- whole sequences -----------------------------------------------------------------------------------
+
+    def forward(self, ids, targets=None, *, noise=None, generator=None, prescribed=None, batch_stats=None,
+                boundaries=None, rates=None) -> ModelOutput:
+        """As `ByteLM.forward`; `boundaries` overrides the first level only, and `rates` is not supported."""
+        if rates is not None:
+            raise ValueError("a two-level model takes no target rates")
+        rope = self._byte_rope(ids)
+        x, out = self._propose(ids, noise, generator, prescribed, None, rope)
+        if boundaries is not None:
+            from learntok.boundaries.base import override_boundaries
+
+            out = override_boundaries(out, boundaries)
+        size = self.token_slots(out.mask)
+        tokens = self.boundary.downsample(x, out, size)  # (B,M,D)
+        if self.chunks is not None:
+            tokens.x = tokens.x + self.chunks(ids, out.mask, tokens.pos).to(tokens.x.dtype)
+        M = tokens.x.shape[1]
+        real = torch.arange(M, device=ids.device)[None] < tokens.count[:, None]  # (B,M) real tokens
+        packing = Packing.from_counts(tokens.count, M) if size is None else None
+        z = self._tokens(self.inner_down, tokens.x, tokens.pos, rope, packing)  # (B,M,D)
+        # The second level over tokens, drawn with each token's boundary byte's uniform.
+        greedy = not self.training and getattr(self.inner.cfg, "eval_boundaries", "sample") == "greedy"
+        u2 = None if noise is None or greedy else inner_uniforms(noise).gather(1, tokens.pos)  # (B,M)
+        out2 = self.inner.propose(z, real.long(), noise=u2, generator=generator)
+        out2.mask = out2.mask & real  # padding is never a boundary (s_0 = 1 is real)
+        supers = self.inner.downsample(z, out2, None)  # (B,K,D); pos: token indices
+        y2 = self._tokens(self.mid, supers.x, tokens.pos.gather(1, supers.pos), rope,
+                          Packing.from_counts(supers.count, supers.x.shape[1]))
+        y1 = self._tokens(self.inner_up, self.inner.upsample(y2, z, supers, out2), tokens.pos, rope, packing)
+        h = self.boundary.upsample(y1, x, tokens, out)  # (B,T,D)
+        for blk in self.up:
+            h = self._block(blk, h, rope)
+        result = ModelOutput(logits=self._head(self.norm_out, self.head, h), boundaries=out, n_tokens=tokens.count,
+                             token_slots=size, n_super=supers.count, inner_boundaries=out2)
+        if targets is not None:
+            self._losses(result, x, targets, _level_reducer(batch_stats, 0))
+            self._inner_losses(result, x, z, tokens, out2, targets, _level_reducer(batch_stats, 1))
+        result.terms["boundary/inner_rate"] = (supers.count.sum() / tokens.count.sum()).float().detach()
+        return result
+
+    def _tokens(self, blocks: nn.ModuleList, x: torch.Tensor, pos: torch.Tensor, rope_byte, packing: Packing | None
+                ) -> torch.Tensor:
+        """Full-causal layers over (B,M,D) states at byte positions pos (B,M): packed to the real ones, or every
+        slot (--token-bucket; padding sits after the real ones, which causality keeps it from)."""
+        if not len(blocks):
+            return x
+        if packing is None:
+            rope = self._rope_at(rope_byte, pos)  # (B,1,M,dh/2)
+            for blk in blocks:
+                x = self._block(blk, x, rope)
+            return x
+        y, rope = packing.pack(x), self._rope_at(rope_byte, packing.pack(pos))  # (N,D), (1,N,dh/2)
+        for blk in blocks:
+            y = self._block(blk, y, rope, packing)
+        return packing.unpack(y)
+
+    def _inner_losses(self, res: ModelOutput, x: torch.Tensor, z: torch.Tensor, tokens: Tokens,
+                      out2: BoundaryOutput, targets: torch.Tensor, reduce: StatsReducer | None) -> None:
+        """The second level's early-exit loss and its strategy's terms (keys `.../inner_...`), added to `res`."""
+        cfg = self.cfg
+        valid = targets != IGNORE
+        n = valid.sum().clamp(min=1)
+        mode = cfg.early_loss_to_encoder
+        trains = mode == "always" or (mode == "rewards" and self.inner.uses_rewards)
+        early_in = distribute_add(z, x, tokens)  # X + Z[c(t)]: the hierarchy without its second level
+        logits2 = self._head(self.norm_early2, self.head_early2, early_in if trains else early_in.detach())
+        nll2 = F.cross_entropy(logits2.flatten(0, 1), targets.flatten(), ignore_index=IGNORE,
+                               reduction="none").view_as(targets)
+        l_early2 = nll2.sum() / n
+        res.loss = res.loss + cfg.lambda_early * l_early2
+        res.terms["loss/early2"] = l_early2.detach()
+        (B, T), M = targets.shape, z.shape[1]
+        # R_j: the rewards of the bytes that read token j back, the first its decision can reach.
+        r = ((nll2.detach() - res.nll.detach()) * valid).float()  # log p - log p_early2 per byte
+        reward = F.pad(r.new_zeros(B, M).scatter_add_(1, tokens.index, r), (0, T - M))  # (B,T) columns
+        real = F.pad(torch.arange(M, device=x.device)[None] < tokens.count[:, None], (0, T - M))
+        padded = _pad_columns(out2, T)
+        aux = self.inner.losses(padded, reward, torch.zeros_like(reward), real, reduce=reduce)
+        second = aux.pop(BATCH_STATS, None)
+        if second is not None:
+            res.batch_stats = PairSums(res.batch_stats, second)
+        if "loss/policy" in aux:  # a sum over its decisions per first-level decision (not per its own)
+            kept2 = (real & padded.free).sum()
+            kept1 = (valid & res.boundaries.free).sum()
+            aux["loss/policy"] = aux["loss/policy"] * kept2.clamp(min=1) / kept1.clamp(min=1)
+        for k, v in aux.items():
+            group, name = k.split("/", 1)
+            res.terms[f"{group}/inner_{name}"] = v.detach() if torch.is_tensor(v) else v
+            if group == "loss":
+                res.loss = res.loss + v
+
+    # -- one byte at a time --------------------------------------------------------------------------------
+
+    def init_state(self, batch, noise):
+        raise ValueError("a two-level model has no cached generation yet: generate recomputes each prefix")
+
+    # -- accounting ----------------------------------------------------------------------------------------
+
+    def level_params(self) -> tuple[int, int, int]:
+        """Matrix parameters per byte, per token and per super-token."""
+        def count(mods):
+            return sum(p.numel() for m in mods for p in m.parameters() if p.dim() >= 2)
+        byte = count([self.down, self.up, self.head, self.head_early, self.head_early2]) + self.boundary.matrix_params()
+        return byte, count([self.inner_down, self.inner_up]) + self.inner.matrix_params(), count([self.mid])
+
+    def matrix_params(self) -> tuple[int, int]:
+        """(byte-level, token-level) matrix parameters, the token level holding both token stacks and the
+        second level's (FLOPs: `flops_conventions`, which counts each at its own length)."""
+        byte, tok, sup = self.level_params()
+        return byte, tok + sup
+
+    def train_flops(self, n_bytes: float, n_tokens: float, n_supers: float = 0.0) -> float:
+        byte, tok, sup = self.level_params()
+        return 6.0 * (byte * n_bytes + tok * n_tokens + sup * n_supers)
+
+    def flops_conventions(self, rows, seq_len, tokens, slots, token_pairs, supers=0.0, super_slots=0.0,
+                          super_pairs=0.0) -> dict:
+        """As `ByteLM.flops_conventions`, with the super-token level's counts (the mid layers run there)."""
+        from learntok.model.flops import window_pairs
+
+        byte, tok, sup = self.level_params()
+        cfg = self.cfg
+        byte_pairs = rows * window_pairs(seq_len, cfg.byte_window)
+        six_n = 6.0 * (byte * rows * seq_len + tok * tokens + sup * supers)
+        attention = cfg.d_model * ((cfg.n_down + cfg.n_up) * byte_pairs + 2 * cfg.inner_layers * token_pairs
+                                   + cfg.n_mid * super_pairs)
+        return {"6n": six_n, "6n-padded": 6.0 * (byte * rows * seq_len + tok * slots + sup * super_slots),
+                "total": six_n + 12.0 * attention}
+
+

@@ -1,0 +1,236 @@
+"""The two-level hierarchy (--inner-layers): causal at both levels, packed = padded, its joint estimator against
+exact enumeration, its FLOPs, training, resuming and generating end to end, and its bad input."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+import torch
+
+from learntok.boundaries import boundary_config
+from learntok.model import build_model as build
+from learntok.model.hier import compose_uniforms, inner_uniforms
+
+from .conftest import build_model, tiny_model
+from .test_model import _ids, assert_no_lookahead
+
+HIER = dict(inner_layers=1, inner_rate=0.5)
+
+
+@pytest.mark.parametrize("strategy", ["learned", "uniform"])
+@pytest.mark.parametrize("j", [1, 17, 40])
+@pytest.mark.parametrize("bucket", [0, 16])
+def test_no_lookahead_at_both_levels(strategy, j, bucket):
+    """No byte's logits, boundaries or log-likelihood see a later byte, through either level; super-token
+    boundaries at tokens before j do not move either."""
+    m = build_model(strategy, None, {**HIER, "token_bucket": bucket})
+    assert_no_lookahead(m, j)
+    B, T = 3, 48
+    seq = _ids(B, T, 1)
+    seq2 = seq.clone()
+    seq2[:, j:] = _ids(B, T, 2)[:, j:]
+    noise = torch.rand(B, T, generator=torch.Generator().manual_seed(3))
+    o1, o2 = m(seq[:, :-1], noise=noise), m(seq2[:, :-1], noise=noise)
+    before = o1.boundaries.mask[:, :j].sum(1)  # tokens built at bytes < j, the same in both
+    for b in range(B):
+        k = int(before[b])
+        assert torch.equal(o1.inner_boundaries.mask[b, :k], o2.inner_boundaries.mask[b, :k])
+
+
+def test_gradient_is_causal_through_both_levels():
+    B, T, t = 2, 40, 19
+    m = build_model("learned", None, HIER)
+    seq = _ids(B, T, 4)
+    captured = {}
+
+    def keep(_mod, _inp, out):
+        out.retain_grad()
+        captured["emb"] = out
+
+    h = m.embed.register_forward_hook(keep)
+    out = m(seq[:, :-1], noise=torch.rand(B, T, generator=torch.Generator().manual_seed(5)))
+    h.remove()
+    out.logits[:, t].sum().backward()
+    g = captured["emb"].grad
+    assert g[:, t + 1:].abs().max() == 0
+    assert g[:, : t + 1].abs().max() > 0
+
+
+@pytest.mark.parametrize("strategy", ["learned", "uniform"])
+def test_packed_token_levels_equal_padded(strategy):
+    """--token-bucket (every slot computed) changes the FLOPs, not the model."""
+    seq = _ids(3, 48, 7)
+    noise = torch.rand(3, 48, generator=torch.Generator().manual_seed(8))
+    outs = [build_model(strategy, None, {**HIER, "token_bucket": n})(seq[:, :-1], seq[:, 1:], noise=noise)
+            for n in (0, 16)]
+    torch.testing.assert_close(outs[0].logits, outs[1].logits, rtol=0, atol=1e-5)
+    torch.testing.assert_close(outs[0].loss, outs[1].loss, rtol=0, atol=1e-5)
+    assert torch.equal(outs[0].n_super, outs[1].n_super)
+
+
+def test_second_level_uniforms_are_the_low_bits():
+    g = torch.Generator().manual_seed(0)
+    u1, u2 = torch.rand(4, 64, generator=g), torch.rand(4, 64, generator=g) * 0.99
+    u = compose_uniforms(u1, u2)
+    torch.testing.assert_close(inner_uniforms(u), u2, rtol=0, atol=1e-3)
+    assert (u - u1).abs().max() < 1 / 4096 + 1e-6  # the first level's draw moves by less than 2^-12
+    # Real draws: the two levels' uniforms are uncorrelated.
+    v = torch.rand(200_000, generator=g)
+    assert abs(torch.corrcoef(torch.stack([v, inner_uniforms(v)]))[0, 1]) < 0.01
+
+
+def test_uniform_second_level_groups_every_other_token():
+    m = build_model("uniform", None, HIER)  # tokens every 5 bytes, super-tokens every 2 tokens
+    out = m(_ids(2, 40, 0)[:, :-1])
+    assert out.n_tokens.tolist() == [8, 8] and out.n_super.tolist() == [4, 4]
+    assert out.inner_boundaries.mask[0, :8].tolist() == [True, False] * 4
+
+
+# -- the joint estimator against exact enumeration -------------------------------------------------------
+
+T = 4  # bytes per row: 3 free first-level decisions; given k tokens, k - 1 free second-level ones (27 patterns)
+
+
+def _exact_model():
+    torch.manual_seed(0)
+    bcfg = boundary_config("learned", policy_window=1, logit_scale=1.0, target_rate=0.4, lambda_policy=1.0,
+                           lambda_target=0.0, logit_softcap=0.0, gamma=1.0, policy_samples=2)
+    m = build(tiny_model(d_model=16, **HIER), bcfg).train()
+    with torch.no_grad():
+        m.boundary.proj.weight.normal_(0, 0.3)
+        m.inner.proj.weight.normal_(0, 0.3)
+    return m
+
+
+def _joint_patterns() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Every (first-level a (T,), second-level s over the tokens) with a_0 = s_0 = 1."""
+    out = []
+    for free in itertools.product([0, 1], repeat=T - 1):
+        a = torch.tensor([1, *free], dtype=torch.bool)
+        for free2 in itertools.product([0, 1], repeat=int(a.sum()) - 1):
+            out.append((a, torch.tensor([1, *free2], dtype=torch.bool)))
+    return out
+
+
+def _noise(pats) -> torch.Tensor:
+    """Uniforms that make both levels draw exactly `pats` (second-level draws sit at each token's byte)."""
+    rows = []
+    for a, s in pats:
+        u2 = torch.full((T,), 0.99)
+        u2[a.nonzero().squeeze(1)[s]] = 0.0
+        rows.append(compose_uniforms(torch.where(a, 0.0, 0.999), u2))
+    return torch.stack(rows)
+
+
+def test_joint_estimator_is_the_exact_gradient():
+    """Two samples per text (leave-one-out baselines) and gamma = 1: the expected update of both policies, over
+    every pair of joint patterns, equals the gradient of E[sum_t log p_t] through both levels' probabilities.
+    The second level's early exit depends on the first level's draw but not on its own, so it leaves the
+    expectation alone; its loss is scaled per first-level decision, as the first level's is."""
+    m = _exact_model()
+    params = [m.boundary.proj.weight, m.inner.proj.weight]
+    ids = _ids(1, T, 3)
+    x, y = ids[:, :-1], ids[:, 1:]
+    pats = _joint_patterns()
+    assert len(pats) == 27
+    # Exact: J = sum_P pi(P) sum_t log p_t(P), differentiated through pi only.
+    j = 0.0
+    logpi, logp = [], []
+    for p in pats:
+        out = m(x.expand(2, -1), y.expand(2, -1), noise=_noise([p, p]))  # (two rows: the samples' layout)
+        assert torch.equal(out.boundaries.mask[0], p[0])
+        assert torch.equal(out.inner_boundaries.mask[0, : len(p[1])], p[1])
+        lp = out.boundaries.log_prob[0, 1:].sum() + out.inner_boundaries.log_prob[0, 1: len(p[1])].sum()
+        logpi.append(lp)
+        logp.append(-out.nll[0].sum().detach())
+        j = j + lp.exp() * logp[-1]
+    assert abs(sum(float(v.detach().exp()) for v in logpi) - 1) < 1e-5
+    exact = torch.autograd.grad(j, params)
+    probs = torch.stack(logpi).detach().exp()
+    # Expected update: every ordered pair of the text's two samples, weighted by its probability.
+    expected = [torch.zeros_like(p) for p in params]
+    for (i, p), (k, q) in itertools.product(enumerate(pats), repeat=2):
+        out = m(x.expand(2, -1), y.expand(2, -1), noise=_noise([p, q]))
+        n1 = 2 * (T - 1)  # first-level decisions in the batch
+        # Only the policy losses reach the policies' weights (pooling selects; lambda_target = 0).
+        for e, g in zip(expected, torch.autograd.grad(out.loss, params)):
+            e += probs[i] * probs[k] * (-n1 / 2) * g
+    for e, g in zip(expected, exact):
+        torch.testing.assert_close(e, g, rtol=1e-4, atol=1e-6)
+    assert all(g.abs().max() > 1e-3 for g in exact)  # both levels' policies have a gradient to match
+
+
+# -- accounting, training, generation, bad input -----------------------------------------------------------
+
+def test_flops_count_each_level_at_its_own_length():
+    """A second level that groups every token (uniform, stride 1) runs the same blocks over the same tokens as
+    a one-level model with n_mid + 2 inner layers: the same FLOPs in every convention, but for the second
+    level's early-exit head (per byte)."""
+    torch.manual_seed(0)
+    hier = build(tiny_model(n_mid=1, inner_layers=1, inner_rate=0.99), boundary_config("uniform"))
+    flat = build(tiny_model(n_mid=3), boundary_config("uniform"))
+    rows, T, tokens, slots, pairs = 4, 64, 52.0, 64.0, 400.0
+    got = hier.flops_conventions(rows, T, tokens, slots, pairs, tokens, slots, pairs)
+    want = flat.flops_conventions(rows, T, tokens, slots, pairs)
+    extra = 6.0 * hier.head_early2.weight.numel() * rows * T
+    for convention in ("6n", "6n-padded", "total"):
+        assert got[convention] == pytest.approx(want[convention] + extra, rel=1e-12)
+    # Fewer super-tokens cost less at the mid level only.
+    half = hier.flops_conventions(rows, T, tokens, slots, pairs, tokens / 2, slots / 2, pairs / 4)
+    mid = sum(p.numel() for p in hier.mid.parameters() if p.dim() >= 2)
+    assert got["6n"] - half["6n"] == pytest.approx(6.0 * mid * tokens / 2)
+
+
+def _logged(run, key):
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [r[key] for r in rows if key in r]
+
+
+def test_accumulated_micro_batches_give_the_global_batch_estimator(tmp_path, text_corpus):
+    """Both levels' batch statistics travel as one vector (PairSums): with two micro-batches per step (the
+    pre-pass) each level's loss equals the one-pass value."""
+    from learntok.train import train
+
+    from .conftest import tiny_train_config
+
+    kw = dict(model=tiny_model(**HIER), max_steps=2, batch_size=4)
+    train(tiny_train_config(tmp_path / "one", text_corpus, **kw), log=lambda *_: None)
+    train(tiny_train_config(tmp_path / "two", text_corpus, micro_batch_size=2, **kw), log=lambda *_: None)
+    for key in ("loss/policy", "loss/inner_policy", "loss/inner_target", "loss/early2"):
+        a, b = _logged(tmp_path / "one", key), _logged(tmp_path / "two", key)
+        assert len(a) == 2 and a[0] != 0
+        assert a == pytest.approx(b, rel=1e-4, abs=1e-7), key
+
+
+def test_cli_trains_resumes_evaluates_and_generates(tmp_path, text_corpus, capsys):
+    from learntok.cli import main
+
+    run = tmp_path / "hier"
+    args = ["train", "--preset", "tiny", "--inner-layers", "1", "--inner-rate", "0.4", "--data", str(text_corpus),
+            "--out", str(run), "--max-steps", "2", "--batch-size", "4", "--seq-len", "64", "--val-bytes", "512",
+            "--no-progress"]
+    assert main(args) == 0
+    assert main(["train", "--resume", str(run), "--max-steps", "3", "--no-progress"]) == 0
+    flops = _logged(run, "flops_total")
+    assert flops[-1] > flops[0] > 0 and _logged(run, "boundary/inner_rate")[-1] > 0
+    capsys.readouterr()
+    assert main(["generate", str(run), "--prompt", "The ", "--max-new-bytes", "8", "--seed", "1"]) == 0
+    assert capsys.readouterr().out.startswith("The ")
+    assert main(["eval", str(run), "--tasks", "none", "--no-progress"]) == 0
+    assert "held-out BPB" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--boundaries", "whitespace"], "--inner-layers needs --boundaries learned or uniform"),
+    (["--compile"], "--compile does not support --inner-layers"),
+    (["--inner-rate", "1.5"], "inner_rate in (0, 1)"),
+])
+def test_bad_hierarchies_are_one_line(tmp_path, capsys, extra, message):
+    from learntok.cli import main
+
+    assert main(["train", "--inner-layers", "1", *extra, "--out", str(tmp_path / "r"),
+                 "--data", str(tmp_path / "no-such-data")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err and "no-such-data" not in err
