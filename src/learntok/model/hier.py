@@ -38,7 +38,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from learntok.boundaries import build_strategy
-from learntok.boundaries.base import BATCH_STATS, BoundaryOutput, StatsReducer
+from learntok.boundaries.base import BATCH_STATS, BatchSums, BoundaryOutput, StatsReducer, override_boundaries
 from learntok.boundaries.pooling import Tokens, distribute_add
 from learntok.model.lm import ByteLM, ModelOutput
 from learntok.nn.layers import Block, Packing, RMSNorm
@@ -64,8 +64,8 @@ def compose_uniforms(u1: torch.Tensor, u2: torch.Tensor) -> torch.Tensor:
 class PairSums:
     """Both levels' batch sums as one `BatchSums` (the training loop reduces them with one vector)."""
 
-    first: object
-    second: object
+    first: BatchSums
+    second: BatchSums
 
     def stacked(self) -> torch.Tensor:
         return torch.cat([self.first.stacked(), self.second.stacked()])
@@ -95,7 +95,7 @@ def _pad_columns(out: BoundaryOutput, T: int) -> BoundaryOutput:
     changes = {}
     for f in dataclasses.fields(out):
         v = getattr(out, f.name)
-        if torch.is_tensor(v) and v.dim() == 2 and f.name not in ("rate",):
+        if torch.is_tensor(v) and v.dim() == 2:  # (B,M) fields; per-row ones (B,) stay
             changes[f.name] = F.pad(v, (0, T - v.shape[1]))  # False / 0 past the tokens
     return dataclasses.replace(out, **changes)
 
@@ -148,8 +148,6 @@ class HierLM(ByteLM):
         rope = self._byte_rope(ids)
         x, out = self._propose(ids, noise, generator, prescribed, None, rope)
         if boundaries is not None:
-            from learntok.boundaries.base import override_boundaries
-
             out = override_boundaries(out, boundaries)
         size = self.token_slots(out.mask)
         tokens = self.boundary.downsample(x, out, size)  # (B,M,D)
