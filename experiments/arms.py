@@ -55,6 +55,13 @@ ARMS: dict[str, list[str]] = {
     # what every tokenizer-free paper compares against, at the U-Net's FLOPs per byte (docs/results.md)
     "flat": ["--boundaries", "flat", "--n-mid", "1", "--token-mlp-mult", "2"],
     "bpe-lm": ["--arch", "token", "--boundaries", "bpe", "--bpe-vocab-size", "4096", "--n-mid", "4"],
+    # a second boundary level (--inner-layers; docs/method.md §9): the small preset's three token layers become one
+    # inner layer on each side of one mid layer over super-tokens (--inner-rate 0.5: one per two tokens), and the
+    # one-level arms beside them; all four matched in total FLOPs (FLOPS_CONVENTION), experiments/hierarchy
+    "hier1-learned": [],
+    "hier2-learned": ["--inner-layers", "1", "--n-mid", "1"],
+    "hier1-uniform": ["--boundaries", "uniform"],
+    "hier2-uniform": ["--boundaries", "uniform", "--inner-layers", "1", "--n-mid", "1"],
 }
 RATE_FREE = {"whitespace": None, "whitespace-ee": None, "flat": 1.0, "bpe-lm": 0.306,
              "learned-w1-vb-rate188": 0.2}
@@ -62,7 +69,8 @@ RATE_FREE = {"whitespace": None, "whitespace-ee": None, "flat": 1.0, "bpe-lm": 0
 (flat: every byte; bpe-lm: tokens per byte of the 4096-token BPE on enwiki's validation text, measured with
 learntok.boundaries.bpe.heldout_rate: 0.306; 8192 tokens give 0.272, 16384 give 0.246; learned-w1-vb-rate188
 sets its own lower --target-rate and is budgeted at uniform's 0.2, the rate it is meant to realise)."""
-FLOPS_CONVENTION = {"learned-w1-vb-padded": "6n-padded"}
+FLOPS_CONVENTION = {"learned-w1-vb-padded": "6n-padded", "hier1-learned": "total", "hier2-learned": "total",
+                    "hier1-uniform": "total", "hier2-uniform": "total"}
 """Arms matched in another FLOPs convention than the paper's (learntok.model.flops): they train on a FLOPs
 schedule until that convention's count reaches the budget (uniform's FLOPs, the same in every 6N convention:
 fixed patches pad nothing), instead of for the bytes their expected rate affords."""

@@ -1396,3 +1396,26 @@ def test_allocation_queue_runs_the_study_in_order_and_saves_after_every_step(tmp
     assert seeds["bpe-lm-ngrams", True, False, "1"] == set(range(5))
     controls = [c for c in calls if c[0] == "leaderboard/run.py"]
     assert [c[c.index("--arms") + 1] for c in controls] == ["uniform-ee", "learned-w1-vb-padded"]
+
+
+def test_hierarchy_arms_build_the_models_they_name_and_report_pairs_by_seed(tmp_path):
+    """experiments/hierarchy: the two-level arms are HierLMs whose three token-side layers match the one-level arms'
+    three mid layers; every arm is matched in total FLOPs; the report pairs arms by seed."""
+    from learntok.cli.train import parse_train_args
+    from learntok.model import build_model
+    from learntok.model.hier import HierLM
+
+    spec = importlib.util.spec_from_file_location("hier_run", Path(arms.__file__).parent / "hierarchy" / "run.py")
+    run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run)
+    for name in run.ARMS:
+        cfg = parse_train_args(["--preset", "small", *arms.arm_flags(name, run.RATE)])
+        model = build_model(cfg.model, cfg.boundary)
+        assert isinstance(model, HierLM) == name.startswith("hier2")
+        assert cfg.model.n_mid + 2 * cfg.model.inner_layers == 3 and arms.FLOPS_CONVENTION[name] == "total"
+    path = tmp_path / "records.jsonl"
+    rows = [*_rows("hier1-learned", [2.0, 2.1, 2.2]), *_rows("hier2-learned", [1.9, 2.0, 2.0])]
+    records.write(path, [records.make("hierarchy", r.pop("arm"), r.pop("seed"), command="x",
+                                      prov={"git_sha": "0" * 40}, **r) for r in rows])
+    text = run.report(path)
+    assert "| hier1-learned − hier2-learned | +0.1333" in text and "(3 seeds)" in text

@@ -1,0 +1,78 @@
+"""Does a second boundary level help? One level against two (--inner-layers 1; docs/method.md §9) at matched
+total FLOPs, learned and fixed boundaries (docs/results.md will carry the reading once measured).
+
+    python experiments/hierarchy/run.py run --data DATA/enwiki --out runs/hierarchy --bytes 6e6 --seeds 0 1 2
+    python experiments/hierarchy/run.py report                     # the paired table from the records
+
+The arms (experiments/arms.py) are the `small` preset at target rate 0.2: `hier1-learned` / `hier1-uniform` with
+its three token layers, `hier2-learned` / `hier2-uniform` with one inner layer on each side of one mid layer over
+super-tokens (--inner-rate 0.5). Each trains on a FLOPs schedule until its total FLOPs (attention counted,
+learntok.model.flops) reach the 6N FLOPs of --bytes bytes of `uniform`, so a two-level model, cheaper per byte,
+sees more bytes. Scored on the first 256 KB of the validation and test splits, one boundary sample; choose on
+validation, read test. Records (command, config, SHA, machine, metrics) go to experiments/hierarchy/records.jsonl
+as each arm finishes; an interrupted arm resumes from its checkpoint, a finished one is skipped. One training at a
+time: run nothing else on the machine meanwhile only if you read its seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import arms  # noqa: E402  (experiments/arms.py)
+
+HERE = Path(__file__).resolve().parent
+RECORDS = HERE / "records.jsonl"
+ARMS = ["hier1-learned", "hier2-learned", "hier1-uniform", "hier2-uniform"]
+PAIRS = [("hier2-learned", "hier1-learned"), ("hier2-uniform", "hier1-uniform"), ("hier2-learned", "hier2-uniform"),
+         ("hier1-learned", "hier1-uniform")]
+"""(arm, base): base − arm in test BPB, paired by seed (positive: arm better)."""
+RATE = 0.2
+
+
+def cmd_run(args) -> None:
+    arms.run_arms(Path(args.out), Path(args.data), args.arms, args.seeds, study="hierarchy", rate=RATE,
+                  budget_bytes=args.bytes, reference=arms.spacebyte, results_path=Path(args.results))
+    cmd_report(args)
+
+
+def report(path: Path = RECORDS) -> str:
+    """Per arm: seeds, mean test BPB, realised rate and super-token count; then the paired differences."""
+    rows = arms.load_results(path)["arms"] if path.exists() else []
+    if not rows:
+        return "no records yet"
+    lines = ["| arm | seeds | test BPB | test rate | MB trained |", "|---|---|---|---|---|"]
+    for a in dict.fromkeys(r["arm"] for r in rows):
+        rs = [r for r in rows if r["arm"] == a]
+        lines.append(f"| {a} | {len(rs)} | {arms.mean_se([r['test']['bpb'] for r in rs])} | "
+                     f"{sum(r['test']['rate'] for r in rs) / len(rs):.3f} | "
+                     f"{sum(r['bytes'] for r in rs) / len(rs) / 1e6:.2f} |")
+    lines += ["", "| base − arm (test BPB) | difference, 95 % t over seeds |", "|---|---|"]
+    lines += [f"| {b} − {a} | {arms.paired(rows, a, b)} |" for a, b in PAIRS]
+    return "\n".join(lines)
+
+
+def cmd_report(args) -> None:
+    print(report(Path(args.results)))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True)
+    rn = sub.add_parser("run", help="train and score the arms not yet in the records")
+    rn.add_argument("--data", required=True)
+    rn.add_argument("--out", default="runs/hierarchy")
+    rn.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    rn.add_argument("--arms", nargs="+", default=ARMS, choices=ARMS)
+    rn.add_argument("--bytes", type=float, default=6e6, help="the budget: 6N FLOPs of this many bytes of uniform")
+    rp = sub.add_parser("report", help="the paired table from the records")
+    for p in (rn, rp):
+        p.add_argument("--results", default=str(RECORDS), help="the records file")
+    args = ap.parse_args()
+    {"run": cmd_run, "report": cmd_report}[args.command](args)
+
+
+if __name__ == "__main__":
+    main()
