@@ -14,7 +14,7 @@ from learntok.model import build_model as build
 from learntok.model.hier import compose_uniforms, inner_uniforms
 
 from .conftest import build_model, tiny_model
-from .test_model import _ids, assert_no_lookahead
+from .test_model import _ids, assert_gradient_causal, assert_no_lookahead
 
 HIER = dict(inner_layers=1, inner_rate=0.5)
 
@@ -40,22 +40,7 @@ def test_no_lookahead_at_both_levels(strategy, j, bucket):
 
 
 def test_gradient_is_causal_through_both_levels():
-    B, T, t = 2, 40, 19
-    m = build_model("learned", None, HIER)
-    seq = _ids(B, T, 4)
-    captured = {}
-
-    def keep(_mod, _inp, out):
-        out.retain_grad()
-        captured["emb"] = out
-
-    h = m.embed.register_forward_hook(keep)
-    out = m(seq[:, :-1], noise=torch.rand(B, T, generator=torch.Generator().manual_seed(5)))
-    h.remove()
-    out.logits[:, t].sum().backward()
-    g = captured["emb"].grad
-    assert g[:, t + 1:].abs().max() == 0
-    assert g[:, : t + 1].abs().max() > 0
+    assert_gradient_causal(build_model("learned", None, HIER))
 
 
 @pytest.mark.parametrize("strategy", ["learned", "uniform"])
