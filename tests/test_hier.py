@@ -21,11 +21,11 @@ HIER = dict(inner_layers=1, inner_rate=0.5)
 
 @pytest.mark.parametrize("strategy", ["learned", "uniform"])
 @pytest.mark.parametrize("j", [1, 17, 40])
-@pytest.mark.parametrize("bucket", [0, 16])
-def test_no_lookahead_at_both_levels(strategy, j, bucket):
-    """No byte's logits, boundaries or log-likelihood see a later byte, through either level; super-token
-    boundaries at tokens before j do not move either."""
-    m = build_model(strategy, None, {**HIER, "token_bucket": bucket})
+@pytest.mark.parametrize(("bucket", "pooling"), [(0, "auto"), (16, "auto"), (0, "mean")])
+def test_no_lookahead_at_both_levels(strategy, j, bucket, pooling):
+    """No byte's logits, boundaries or log-likelihood see a later byte, through either level (tokens selected or
+    mean-pooled, as the small preset pools); super-token boundaries at tokens before j do not move either."""
+    m = build_model(strategy, None, {**HIER, "token_bucket": bucket}, pooling=pooling)
     assert_no_lookahead(m, j)
     B, T = 3, 48
     seq = _ids(B, T, 1)
