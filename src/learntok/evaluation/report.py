@@ -68,11 +68,16 @@ class EvalConfig:
 
 def inference_flops(model, rate: float) -> dict:
     """Inference FLOPs per byte at a measured rate (tokens per byte-level position), the paper's accounting with
-    2 x instead of 6 x: 2 x byte-level matrix params + 2 x token-level matrix params x rate. The early-exit head
-    is a training-time term and is left out of inference."""
-    pb, pt = model.matrix_params()
-    head_early = getattr(model, "head_early", None)  # the U-Net's; the BPE baseline has none
-    early = sum(p.numel() for p in head_early.parameters() if p.dim() >= 2) if head_early is not None else 0
+    2 x instead of 6 x: 2 x byte-level matrix params + 2 x token-level matrix params x rate. The early-exit heads
+    are a training-time term and are left out of inference. A two-level model (--inner-layers) counts its mid
+    layers per super-token, at its target --inner-rate per token."""
+    if hasattr(model, "level_params"):
+        pb, tok, sup = model.level_params()
+        pt = tok + sup * model.cfg.inner_rate  # per token
+    else:
+        pb, pt = model.matrix_params()
+    heads = [getattr(model, name, None) for name in ("head_early", "head_early2")]  # the BPE baseline has none
+    early = sum(p.numel() for h in heads if h is not None for p in h.parameters() if p.dim() >= 2)
     byte = pb - early
     return {"per_byte": 2.0 * byte + 2.0 * pt * rate, "byte_params": byte, "token_params": pt, "rate": rate,
             "train_per_byte": 6.0 * (pb + pt * rate)}

@@ -25,7 +25,7 @@ that would reweight batches by their token count): tests/test_hier.py checks the
 enumeration.
 
 Second-level uniforms come from the same per-byte noise as the first, so prefixes draw what whole sequences draw
-(generation): token j's draw is frac(4096 u_{b_j}), the low 12 of the float's 24 random bits, which the first
+(generation): token j's draw is frac(4096 u_{b_j} + 1/2), the low 12 of the float's 24 random bits, which the first
 level's comparison u_t < p_t uses only when p_t is within 2^-12 of u_t.
 """
 
@@ -51,13 +51,14 @@ SPLIT = 4096.0
 
 
 def inner_uniforms(noise: torch.Tensor) -> torch.Tensor:
-    """The second level's uniforms (B,T) from the first level's (B,T): frac(4096 u), per byte."""
-    return torch.frac(noise.float() * SPLIT)
+    """The second level's uniforms (B,T) from the first level's (B,T): frac(4096 u + 1/2), per byte. Greedy
+    evaluation's 0.5 everywhere maps to 0.5: greedy at both levels."""
+    return torch.frac(noise.float() * SPLIT + 0.5)
 
 
 def compose_uniforms(u1: torch.Tensor, u2: torch.Tensor) -> torch.Tensor:
     """Noise whose first-level uniforms are u1 to 12 bits and whose second-level ones are u2 (tests)."""
-    return (torch.floor(u1 * SPLIT).clamp(max=SPLIT - 1) + u2) / SPLIT
+    return (torch.floor(u1 * SPLIT).clamp(max=SPLIT - 1) + torch.remainder(u2 - 0.5, 1.0)) / SPLIT
 
 
 @dataclasses.dataclass
@@ -121,7 +122,7 @@ class HierLM(ByteLM):
         for part in (self.inner_down, self.inner_up):
             part.apply(self._init)
         self.inner.reset_parameters(cfg.init_std)
-        n_layers = cfg.n_down + cfg.n_mid + cfg.n_up + 2 * N
+        n_layers = cfg.n_down + cfg.n_mid + cfg.n_up + 2 * N  # as ByteLM scales its own blocks
         for name, p in [*self.inner_down.named_parameters(), *self.inner_up.named_parameters()]:
             if name.endswith("attn.proj.weight") or name.endswith("mlp.down.weight"):
                 nn.init.normal_(p, std=cfg.init_std / n_layers**0.5 / 2**0.5)
@@ -145,6 +146,10 @@ class HierLM(ByteLM):
         """As `ByteLM.forward`; `boundaries` overrides the first level only, and `rates` is not supported."""
         if rates is not None:
             raise ValueError("a two-level model takes no target rates")
+        if noise is None:  # per-byte uniforms for both levels, drawn as the first level would draw them
+            greedy = not self.training and getattr(self.boundary.cfg, "eval_boundaries", "sample") == "greedy"
+            noise = torch.full(ids.shape, 0.5, device=ids.device) if greedy else \
+                torch.rand(ids.shape, generator=generator, device=ids.device)
         rope = self._byte_rope(ids)
         x, out = self._propose(ids, noise, generator, prescribed, None, rope)
         if boundaries is not None:
@@ -157,10 +162,10 @@ class HierLM(ByteLM):
         real = torch.arange(M, device=ids.device)[None] < tokens.count[:, None]  # (B,M) real tokens
         packing = Packing.from_counts(tokens.count, M) if size is None else None
         z = self._tokens(self.inner_down, tokens.x, tokens.pos, rope, packing)  # (B,M,D)
-        # The second level over tokens, drawn with each token's boundary byte's uniform.
-        greedy = not self.training and getattr(self.inner.cfg, "eval_boundaries", "sample") == "greedy"
-        u2 = None if noise is None or greedy else inner_uniforms(noise).gather(1, tokens.pos)  # (B,M)
-        out2 = self.inner.propose(z, real.long(), noise=u2, generator=generator)
+        # The second level over tokens, drawn with each token's boundary byte's uniform: a text's draws depend
+        # neither on its later bytes nor on the batch it sits in (greedy evaluation: 0.5 at both levels).
+        u2 = inner_uniforms(noise).gather(1, tokens.pos)  # (B,M)
+        out2 = self.inner.propose(z, real.long(), noise=u2, generator=None)
         out2.mask = out2.mask & real  # padding is never a boundary (s_0 = 1 is real)
         supers = self.inner.downsample(z, out2, None)  # (B,K,D); pos: token indices
         y2 = self._tokens(self.mid, supers.x, tokens.pos.gather(1, supers.pos), rope,
@@ -248,7 +253,11 @@ class HierLM(ByteLM):
         byte, tok, sup = self.level_params()
         return byte, tok + sup
 
-    def train_flops(self, n_bytes: float, n_tokens: float, n_supers: float = 0.0) -> float:
+    def train_flops(self, n_bytes: float, n_tokens: float, n_supers: float | None = None) -> float:
+        """6N FLOPs of n_bytes bytes that formed n_tokens tokens and n_supers super-tokens (the mid layers' count:
+        required, or the mid layers would go uncounted)."""
+        if n_supers is None:
+            raise ValueError("a two-level model's FLOPs need its super-token count (n_supers)")
         byte, tok, sup = self.level_params()
         return 6.0 * (byte * n_bytes + tok * n_tokens + sup * n_supers)
 

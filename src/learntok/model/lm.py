@@ -141,7 +141,7 @@ class ByteLM(nn.Module):
         self.boundary.reset_parameters(cfg.init_std)
         for part in (self.norm_out, self.head):
             part.apply(self._init)
-        n_layers = cfg.n_down + cfg.n_mid + cfg.n_up
+        n_layers = cfg.n_down + cfg.n_mid + cfg.n_up + 2 * cfg.inner_layers  # (a two-level model's inner layers)
         for name, p in self.named_parameters():  # residual-output projections: smaller init (GPT-2)
             if name.endswith("attn.proj.weight") or name.endswith("mlp.down.weight"):
                 nn.init.normal_(p, std=cfg.init_std / math.sqrt(2 * n_layers))
