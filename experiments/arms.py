@@ -140,13 +140,22 @@ def train_arm(run: Path, data: Path, name: str, *, rate: float, seed: int, max_b
     run.parent.mkdir(parents=True, exist_ok=True)  # a fresh --out: the log lives beside the run
     with open(run.parent / f"{run.name}.log", "a") as log:  # not with_suffix: "2.4e+07" has a dot
         subprocess.run([sys.executable, "-m", "learntok", *args], check=True, stdout=log, stderr=subprocess.STDOUT)
-    evals = load_metrics(run).evals
+    metrics = load_metrics(run)
+    evals = metrics.evals
     final = evals[-1]
     config, prov = records.run_provenance(run)
     more = {k: final[k] for k in ("flops_padded", "flops_total") if k in final}  # learntok.model.flops
     return {"bytes": final["bytes"], "flops": final["flops"], **more, "train_seconds": final["time"],
             "wall_seconds": time.time() - t0, "command": "learntok " + " ".join(fresh), "config": config,
-            "provenance": prov, "curve": [[r["bytes"], r["flops"], r["time"], r["val/bpb"]] for r in evals]}
+            "provenance": prov, "curve": [[r["bytes"], r["flops"], r["time"], r["val/bpb"]] for r in evals],
+            "train_last": last_window(metrics.train)}
+
+
+def last_window(train: list[dict]) -> dict:
+    """The last training log window's loss and boundary figures (loss/..., boundary/..., reinforce/...): what the
+    estimator's terms ended at, kept in the record beside the held-out scores."""
+    last = train[-1] if train else {}
+    return {k: v for k, v in last.items() if k.split("/")[0] in ("loss", "boundary", "reinforce")}
 
 
 def evaluate_arm(run: Path, reference) -> dict:

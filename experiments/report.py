@@ -432,7 +432,7 @@ BLOCKS = {"allocation": allocation("records.jsonl"), "allocation-preset": alloca
           "headline-controls": headline_controls,
           "matched-time": matched_time, "gpu-path": gpu_path, "variance": variance,
           "readme-summary": readme_summary, "planted-sep": planted("sep"),
-          "planted-nosep": planted("nosep")}
+          "planted-nosep": planted("nosep"), "hierarchy": lambda: _script("hierarchy").report()}
 """Block name -> the function that renders it from records."""
 
 

@@ -38,6 +38,21 @@ def cmd_run(args) -> None:
     cmd_report(args)
 
 
+def cmd_backfill(args) -> None:
+    """Add `train_last` (arms.last_window) to records written before train_arm kept it, from their run
+    directories under OUT; records whose run directory is gone stay as they are."""
+    from learntok import records
+    from learntok.viz.curves import load_metrics
+
+    path = Path(args.results)
+    rows = records.load(path)
+    for r in rows:
+        run = Path(args.out) / Path(r["command"].split(" --out ")[1].split()[0]).name  # the name it trained under
+        if "train_last" not in r and (run / "metrics.jsonl").exists():
+            r["train_last"] = arms.last_window(load_metrics(run).train)
+    records.write(path, rows)
+
+
 def report(path: Path = RECORDS) -> str:
     """Per arm: seeds, mean test BPB, realised rate and super-token count; then the paired differences."""
     rows = arms.load_results(path)["arms"] if path.exists() else []
@@ -51,7 +66,16 @@ def report(path: Path = RECORDS) -> str:
                      f"{sum(r['bytes'] for r in rs) / len(rs) / 1e6:.2f} |")
     lines += ["", "| base − arm (test BPB) | difference, 95 % t over seeds |", "|---|---|"]
     lines += [f"| {b} − {a} | {arms.paired(rows, a, b)} |" for a, b in PAIRS]
-    return "\n".join(lines)
+    inner = [r for r in rows if "boundary/inner_neg_log_pi" in r.get("train_last", {})]
+    if inner:
+        lines += ["", "| two-level learned, seed | second level: −log π per decision | its rate | L_early2 | "
+                  "L_early | first level's best F1 over shifts |", "|---|---|---|---|---|---|"]
+        for r in inner:
+            t = r["train_last"]
+            lines.append(f"| {r['seed']} | {t['boundary/inner_neg_log_pi']:.4f} | {t['boundary/inner_rate']:.3f} | "
+                         f"{t['loss/early2']:.4f} | {t['loss/early']:.4f} | "
+                         f"{max(r['test']['f1_by_shift'].values()):.3f} |")
+    return "\n".join(lines) + "\n"
 
 
 def cmd_report(args) -> None:
@@ -68,10 +92,12 @@ def main() -> None:
     rn.add_argument("--arms", nargs="+", default=ARMS, choices=ARMS)
     rn.add_argument("--bytes", type=float, default=6e6, help="the budget: 6N FLOPs of this many bytes of uniform")
     rp = sub.add_parser("report", help="the paired table from the records")
-    for p in (rn, rp):
+    bf = sub.add_parser("backfill", help="add the last training window's figures to older records")
+    bf.add_argument("--out", default="runs/hierarchy")
+    for p in (rn, rp, bf):
         p.add_argument("--results", default=str(RECORDS), help="the records file")
     args = ap.parse_args()
-    {"run": cmd_run, "report": cmd_report}[args.command](args)
+    {"run": cmd_run, "report": cmd_report, "backfill": cmd_backfill}[args.command](args)
 
 
 if __name__ == "__main__":
