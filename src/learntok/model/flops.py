@@ -33,9 +33,10 @@ def window_pairs(seq_len: int, window: int | None) -> int:
 
 
 def conventions(byte_positions_x_params: float, token_params: float, tokens: float, slots: float,
-                attention: float) -> dict:
+                attention: float, levels: tuple[tuple[float, float, float], ...] = ()) -> dict:
     """{"6n", "6n-padded", "total"} FLOPs from: byte-level matrix parameters x byte positions, token-level matrix
-    parameters, real tokens, padded token slots, and sum over attention layers of d x query-key pairs."""
-    six_n = 6.0 * (byte_positions_x_params + token_params * tokens)
-    return {"6n": six_n, "6n-padded": 6.0 * (byte_positions_x_params + token_params * slots),
-            "total": six_n + 12.0 * attention}
+    parameters, real tokens, padded token slots, and sum over attention layers of d x query-key pairs; `levels`:
+    (matrix parameters, real positions, padded slots) of further levels (a two-level model's super-tokens)."""
+    six_n = 6.0 * (byte_positions_x_params + token_params * tokens + sum(p * n for p, n, _ in levels))
+    padded = 6.0 * (byte_positions_x_params + token_params * slots + sum(p * s for p, _, s in levels))
+    return {"6n": six_n, "6n-padded": padded, "total": six_n + 12.0 * attention}

@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from learntok.boundaries import build_strategy
 from learntok.boundaries.base import BATCH_STATS, BatchSums, BoundaryOutput, StatsReducer, override_boundaries
 from learntok.boundaries.pooling import Tokens, distribute_add
-from learntok.model.lm import ByteLM, ModelOutput
+from learntok.model.lm import ByteLM, ModelOutput, matrix_count
 from learntok.nn.layers import Block, Packing, RMSNorm
 from learntok.vocab import IGNORE
 
@@ -101,6 +101,25 @@ def _pad_columns(out: BoundaryOutput, T: int) -> BoundaryOutput:
     return dataclasses.replace(out, **changes)
 
 
+COMPILE = ("--compile does not support --inner-layers yet (its second level reads a token count mid-step): train "
+           "eagerly")
+
+
+def unsupported(bcfg, compile: bool = False) -> list[str]:
+    """What a two-level model cannot run with these boundary options (and --compile): one line each, empty if
+    nothing. The config check (before any work) and the model's constructor both ask it."""
+    problems = []
+    if bcfg.boundaries not in INNER_STRATEGIES:
+        problems.append(f"--inner-layers needs --boundaries {' or '.join(INNER_STRATEGIES)} (its second level uses "
+                        f"the first's strategy), got {bcfg.boundaries}")
+    if getattr(bcfg, "rate_range", None) is not None:
+        problems.append("--inner-layers does not combine with --rate-range yet")
+    if compile:
+        problems.append(COMPILE)
+    return problems
+
+
+
 class HierLM(ByteLM):
     """The U-Net with a second boundary level between its token layers (module docstring)."""
 
@@ -108,11 +127,8 @@ class HierLM(ByteLM):
     """Generation recomputes the prefix for every byte (no caches across the second level yet)."""
 
     def __init__(self, cfg, bcfg):
-        if bcfg.boundaries not in INNER_STRATEGIES:
-            raise ValueError(f"--inner-layers needs --boundaries {' or '.join(INNER_STRATEGIES)} (the second level "
-                             f"uses the first's strategy), got {bcfg.boundaries}")
-        if getattr(bcfg, "rate_range", None) is not None:
-            raise ValueError("--inner-layers does not combine with --rate-range yet")
+        if problems := unsupported(bcfg):
+            raise ValueError("; ".join(problems))
         super().__init__(cfg, bcfg)
         d, H, N = cfg.d_model, cfg.n_heads, cfg.inner_layers
         hidden = round(cfg.token_mlp_mult * d)
@@ -134,8 +150,7 @@ class HierLM(ByteLM):
             self.head_early2.weight.copy_(self.head.weight)
 
     def compile_stages(self, **options) -> None:
-        raise ValueError("--compile does not support --inner-layers yet (its second level reads a token count "
-                         "mid-step); train eagerly")
+        raise ValueError(COMPILE)
 
     compile_blocks = compile_stages
 
@@ -204,12 +219,10 @@ class HierLM(ByteLM):
         cfg = self.cfg
         valid = targets != IGNORE
         n = valid.sum().clamp(min=1)
-        mode = cfg.early_loss_to_encoder
-        trains = mode == "always" or (mode == "rewards" and self.inner.uses_rewards)
         early_in = distribute_add(z, x, tokens)  # X + Z[c(t)]: the hierarchy without its second level
-        logits2 = self._head(self.norm_early2, self.head_early2, early_in if trains else early_in.detach())
-        nll2 = F.cross_entropy(logits2.flatten(0, 1), targets.flatten(), ignore_index=IGNORE,
-                               reduction="none").view_as(targets)
+        if not self._early_trains(self.inner):
+            early_in = early_in.detach()
+        nll2 = self._nll(self._head(self.norm_early2, self.head_early2, early_in), targets)
         l_early2 = nll2.sum() / n
         res.loss = res.loss + cfg.lambda_early * l_early2
         res.terms["loss/early2"] = l_early2.detach()
@@ -242,10 +255,9 @@ class HierLM(ByteLM):
 
     def level_params(self) -> tuple[int, int, int]:
         """Matrix parameters per byte, per token and per super-token."""
-        def count(mods):
-            return sum(p.numel() for m in mods for p in m.parameters() if p.dim() >= 2)
-        byte = count([self.down, self.up, self.head, self.head_early, self.head_early2]) + self.boundary.matrix_params()
-        return byte, count([self.inner_down, self.inner_up]) + self.inner.matrix_params(), count([self.mid])
+        byte = matrix_count([self.down, self.up, self.head, self.head_early, self.head_early2])
+        return (byte + self.boundary.matrix_params(), matrix_count([self.inner_down, self.inner_up])
+                + self.inner.matrix_params(), matrix_count([self.mid]))
 
     def matrix_params(self) -> tuple[int, int]:
         """(byte-level, token-level) matrix parameters, the token level holding both token stacks and the
@@ -264,15 +276,13 @@ class HierLM(ByteLM):
     def flops_conventions(self, rows, seq_len, tokens, slots, token_pairs, supers=0.0, super_slots=0.0,
                           super_pairs=0.0) -> dict:
         """As `ByteLM.flops_conventions`, with the super-token level's counts (the mid layers run there)."""
-        from learntok.model.flops import window_pairs
+        from learntok.model.flops import conventions, window_pairs
 
         byte, tok, sup = self.level_params()
         cfg = self.cfg
         byte_pairs = rows * window_pairs(seq_len, cfg.byte_window)
-        six_n = 6.0 * (byte * rows * seq_len + tok * tokens + sup * supers)
         attention = cfg.d_model * ((cfg.n_down + cfg.n_up) * byte_pairs + 2 * cfg.inner_layers * token_pairs
                                    + cfg.n_mid * super_pairs)
-        return {"6n": six_n, "6n-padded": 6.0 * (byte * rows * seq_len + tok * slots + sup * super_slots),
-                "total": six_n + 12.0 * attention}
+        return conventions(byte * rows * seq_len, tok, tokens, slots, attention, levels=((sup, supers, super_slots),))
 
 

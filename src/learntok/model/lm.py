@@ -38,6 +38,11 @@ COMPILE_BUCKET = 64
 """--token-bucket that --compile uses when none is given: static token-level shapes, at most 64 padded slots."""
 
 
+def matrix_count(modules) -> int:
+    """Parameters of the matrices (dim >= 2) in `modules`: what 6N counts."""
+    return sum(p.numel() for m in modules for p in m.parameters() if p.dim() >= 2)
+
+
 @dataclass
 class ModelOutput:
     logits: torch.Tensor
@@ -319,22 +324,26 @@ class ByteLM(nn.Module):
         cfg.recompile_limit = max(cfg.recompile_limit, 8 + 2 * (4096 // self.token_bucket))
         return {"dynamic": False, **options}
 
+    @staticmethod
+    def _nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """(B,T) negative log-likelihood in nats of targets (B,T) under logits (B,T,V); 0 at IGNORE."""
+        return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE,
+                               reduction="none").view_as(targets)
+
+    def _early_trains(self, strategy) -> bool:
+        """Whether an early-exit loss trains what it reads (--early-loss-to-encoder), for `strategy`'s level."""
+        mode = self.cfg.early_loss_to_encoder
+        return mode == "always" or (mode == "rewards" and strategy.uses_rewards)
+
     def _losses(self, res: ModelOutput, x: torch.Tensor, targets: torch.Tensor,
                 batch_stats: StatsReducer | None = None) -> None:
         """L = w_auto L_auto + lambda_early L_early + strategy terms (eq. 27); all per-byte means."""
         cfg = self.cfg
         valid = targets != IGNORE  # (B,T)
         n = valid.sum().clamp(min=1)
-
-        def nll_of(logits: torch.Tensor) -> torch.Tensor:  # (B,T) nats, 0 at IGNORE
-            return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE,
-                                   reduction="none").view_as(targets)
-
-        nll = nll_of(res.logits)
-        mode = cfg.early_loss_to_encoder
-        trains_encoder = mode == "always" or (mode == "rewards" and self.boundary.uses_rewards)
-        x_early = x if trains_encoder else x.detach()
-        nll_early = nll_of(self._head(self.norm_early, self.head_early, x_early))
+        nll = self._nll(res.logits, targets)
+        x_early = x if self._early_trains(self.boundary) else x.detach()
+        nll_early = self._nll(self._head(self.norm_early, self.head_early, x_early), targets)
         l_auto, l_early = nll.sum() / n, nll_early.sum() / n
         aux = self.boundary.losses(res.boundaries, -nll.detach(), -nll_early.detach(), valid, reduce=batch_stats)
         res.batch_stats = aux.pop(BATCH_STATS, None)
@@ -410,10 +419,8 @@ class ByteLM(nn.Module):
     def matrix_params(self) -> tuple[int, int]:
         """(byte-level, token-level) matrix parameters for FLOPs = 6 x params per byte / per token (§4).
         Byte level: encoder, decoder, both heads and the strategy; embeddings are a lookup."""
-        def count(mods):
-            return sum(p.numel() for m in mods for p in m.parameters() if p.dim() >= 2)
-        byte = count([self.down, self.up, self.head, self.head_early]) + self.boundary.matrix_params()
-        return byte, count([self.mid])
+        byte = matrix_count([self.down, self.up, self.head, self.head_early]) + self.boundary.matrix_params()
+        return byte, matrix_count([self.mid])
 
     def train_flops(self, n_bytes: float, n_tokens: float) -> float:
         """Training FLOPs of processing n_bytes bytes that formed n_tokens tokens (paper's accounting)."""

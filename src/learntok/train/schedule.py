@@ -56,16 +56,9 @@ def check_config(cfg: TrainConfig) -> None:
             problems.append(f"--rate-strata {strata} must cut batch_size={cfg.batch_size} into blocks of at least 2 "
                             f"rows (and whole groups of --policy-samples {k}): each block's baseline is its mean")
     if mc.inner_layers:
-        from learntok.model.hier import INNER_STRATEGIES
+        from learntok.model.hier import unsupported
 
-        if cfg.boundary.boundaries not in INNER_STRATEGIES:
-            problems.append(f"--inner-layers needs --boundaries {' or '.join(INNER_STRATEGIES)} (its second level "
-                            f"uses the first's strategy), got {cfg.boundary.boundaries}")
-        if getattr(cfg.boundary, "rate_range", None) is not None:
-            problems.append("--inner-layers does not combine with --rate-range yet")
-        if cfg.compile:
-            problems.append("--compile does not support --inner-layers yet (its second level reads a token count "
-                            "mid-step): train eagerly")
+        problems += unsupported(cfg.boundary, cfg.compile)
     if cfg.optim.schedule == "time" and cfg.time_budget <= 0:
         problems.append("--schedule time needs --time-budget SECONDS")
     if cfg.optim.schedule == "flops" and cfg.flops_budget <= 0:
