@@ -281,26 +281,25 @@ def readme_summary() -> str:
                "variance) with a one-boundary window and a learned baseline, not the paper's settings."
                + _controls_said(lb))
     alloc = _script("allocation")
-    study = alloc.study_summary()
-    timed = [r for r in _leaderboard() if r.get("match") == "time"]
-    t = {(r["arm"], r["seed"]): r["test"]["bpb"] for r in timed}
+    study = alloc.study_table()
+    if study is None:  # before the study has paired seeds: the first screen's line, and the preset's at 600 s
+        timed = [r for r in _leaderboard() if r.get("match") == "time"]
+        t = {(r["arm"], r["seed"]): r["test"]["bpb"] for r in timed}
 
-    def diff(arm: str, base: str) -> str:
-        d = [t[arm, s] - t[base, s] for (a, s) in t if a == arm and (base, s) in t]
-        return _ci(d) + (" (tie)" if paired_interval(d)["tie"] else "")
+        def diff(arm: str, base: str) -> str:
+            d = [t[arm, s] - t[base, s] for (a, s) in t if a == arm and (base, s) in t]
+            return _ci(d) + (" (tie)" if paired_interval(d)["tie"] else "")
 
-    if not study:
-        preset = (f"- Without n-grams, in the `small` preset's shape at matched time (600 s, 2 seeds, test BPB), "
-                  f"`learned-w1-vb` beats none of the three: − patches {diff('learned-w1-vb', 'uniform')}, − flat "
-                  f"{diff('learned-w1-vb', 'flat')}, − BPE transformer {diff('learned-w1-vb', 'bpe-lm')}.")
-    elif alloc.NAMES["bpe-lm"] not in alloc.clock_pairs():  # the study supersedes them, but not on the BPE clock
-        preset = ("- The study has no current wall-clock pair with the BPE transformer yet; in the `small` preset's "
-                  "shape without n-grams at matched time (600 s, 2 seeds, §3), `learned-w1-vb` − BPE transformer = "
-                  f"{diff('learned-w1-vb', 'bpe-lm')}.")
-    else:
-        preset = ""
-    out += [x for x in (study or alloc.summary(), preset, _script("rates").summary()) if x]
-    return "\n".join(_fill(x) for x in out) + "\n"
+        out += [x for x in (alloc.summary(), "- Without n-grams, in the `small` preset's shape at matched time "
+                            f"(600 s, 2 seeds, test BPB), `learned-w1-vb` beats none of the three: − patches "
+                            f"{diff('learned-w1-vb', 'uniform')}, − flat {diff('learned-w1-vb', 'flat')}, − BPE "
+                            f"transformer {diff('learned-w1-vb', 'bpe-lm')}.") if x]
+    out.append(_script("rates").summary())
+    text = "\n".join(_fill(x) for x in out if x) + "\n"
+    if study is not None:  # last: its table ends the list
+        intro, table = study.split("\n\n", 1)
+        text += _fill(intro) + "\n\n" + table + "\n"
+    return text
 
 
 def _fill(item: str) -> str:

@@ -395,10 +395,9 @@ def test_allocation_width_check_trains_a_step_wider_then_validations_choice_and_
         " 1 ", " +0.1000 (1 seed) "]
     n, text = rows["budget: 4× instead of 1×", "flat-ngrams", "total FLOPs, " + alloc.WIDTH_CHOSEN]
     assert n.strip() == "2" and text.startswith(" -0.0750 [")  # its chosen (wider) runs against x1's
-    assert alloc.study_summary(results).endswith(
-        "\n  - At 4× the budget (matched total FLOPs, each method at its x1 allocation or one width step wider where "
-        "validation preferred it (flat), not swept further, 2 seeds): learned ahead of flat and "
-        "fixed patches.")
+    intro, cells = _readme_table(alloc.study_table(results))
+    assert cells["flat"]["4× total FLOPs"] == "-0.100 ± 0.000 (2)"  # against flat's wider runs
+    assert intro.endswith(" 4×: at the x1 allocation or one width step wider where validation preferred it (flat).")
     assert alloc.budget_points(records.load(results))["flops"]["flat-ngrams"][-1][1:] == (
         pytest.approx(1.925), pytest.approx(0.025), 2)
 
@@ -563,121 +562,95 @@ def test_allocation_retire_moves_stale_runs_aside_and_keeps_their_records_out_of
     assert records.load(results) == after
 
 
-def test_allocation_study_summary_pairs_seeds_and_says_each_convention(tmp_path):
-    """The README's study item: one nested bullet per convention, paired over seeds, a verdict from the intervals (the
-    most cautious over a pair's clock series), each method's shape read from its flags; a convention today's runs
-    lack read from stage 1's runs and said so; nothing until a pair has two seeds."""
+def _readme_table(item: str) -> tuple[str, dict[str, dict[str, str]]]:
+    """The README study item's paragraph and its table as {row: {column: cell}}."""
+    intro, table = item.split("\n\n")
+    head, _, *rows = table.splitlines()
+    columns = [c.strip() for c in head.split("|")[2:-1]]
+    cells = {}
+    for row in rows:
+        name, *values = (c.strip() for c in row.split("|")[1:-1])
+        cells[name] = dict(zip(columns, values))
+    return intro, cells
+
+
+def test_allocation_study_table_pairs_seeds_per_convention_and_budget(tmp_path):
+    """The README's study table: learned − each method, paired over seeds, one column per convention and budget
+    (x1's conventions, then the pairs without n-grams, then the other budgets), a row per method that pairs; of a
+    pair's clock series the one at wall-clock allocations; retired runs left out; nothing before two seeds pair."""
     alloc = _allocation()
 
-    def final(arm, seed, bpb, match="flops-total"):
+    def final(arm, seed, bpb, match="flops-total", **budget):
         method = arm.removesuffix("-ngrams")
         return records.make("allocation", arm, seed, command="x", method=method, test={"bpb": bpb},
+                            val={"bpb": bpb},
                             flags=["--policy-window", "1", "--value-baseline", "--d-model", "64", "--n-mid", "2"]
                             if method == "learned" else ["--boundaries", "flat", "--d-model", "96"],
                             budget={"scale": 1.0, "match": match,
-                                    ("time_budget" if match == "time" else "flops_budget"): 1e2})
+                                    ("time_budget" if match == "time" else "flops_budget"): 1e2, **budget})
 
     path = tmp_path / "records.jsonl"
     records.write(path, [final("learned-ngrams", 0, 2.0), final("flat-ngrams", 0, 2.1)])
-    assert alloc.study_summary(path) is None  # one seed: no interval
+    assert alloc.study_table(path) is None  # one seed: no interval
     records.write(path, [*records.load(path), final("learned-ngrams", 1, 2.05), final("flat-ngrams", 1, 2.2),
                          final("learned-ngrams", 0, 2.3, "time"), final("flat-ngrams", 0, 2.2, "time")])
-    line = alloc.study_summary(path)
-    assert "parentheses).\n  - Matched total FLOPs (attention counted): flat -0.125 [" in line
-    assert "] tie (2); learned tied with flat." in line
-    assert "wall-clock" not in line  # the clock budget has one seed only
-    series_b = {"scale": 1.0, "match": "time", "time_budget": 1e2, "series": "b"}
+    intro, cells = _readme_table(alloc.study_table(path))
+    assert cells == {"flat": {"total FLOPs": "-0.125 ± 0.318 (2) *tie*"}}  # the clock budget has one seed only
+    assert "Wall-clock" not in intro and "×:" not in intro
     records.write(path, [*records.load(path), final("learned-ngrams", 1, 2.2, "time"),
-                         {**final("flat-ngrams", 1, 2.1, "time"), "budget": series_b}])
-    assert "wall-clock" not in alloc.study_summary(path)  # a series pairs only among its own runs
-    records.write(path, [*records.load(path), {**final("flat-ngrams", 0, 2.2, "time"), "budget": series_b},
-                         {**final("learned-ngrams", 0, 2.0, "time"), "budget": series_b},
-                         {**final("learned-ngrams", 1, 2.1, "time"), "budget": series_b},
-                         final("flat-ngrams", 1, 2.1, "time")])
-    line = alloc.study_summary(path)  # a nested bullet per convention; two clock series of a pair told apart
-    assert line.count("flat -0.125") == 1 and "wall-clock" not in line.split("Matched wall-clock")[1]
-    clock = line.split("Matched wall-clock (the flat model's seconds): ")[1]
-    assert clock.startswith("flat +0.100 [") and ", series b -0.100 [" in clock
-    assert clock.endswith("; learned behind flat.")  # ahead in series b, behind in a: the cautious verdict
-    records.write(path, [*records.load(path), *[{**r, "budget": {**r["budget"], "allocation": "clock"}}
-                                                for r in records.load(path) if r["budget"].get("series") == "b"]])
-    assert ", at each one's wall-clock width × depth -0.100 [" in alloc.study_summary(path)
-    only_b = tmp_path / "only_b.jsonl"  # said once when each pair has that one series
-    records.write(only_b, [r for r in records.load(path)
-                           if r["budget"]["match"] != "time" or r["budget"].get("series") == "b"])
-    assert "Matched wall-clock (the flat model's seconds), each method at its wall-clock width × depth: flat -0.100 [" \
-        in alloc.study_summary(only_b)
-    b = [r for r in records.load(only_b) if r["budget"].get("series") == "b"]  # what the seconds bought, said too
-    records.write(only_b, [r for r in records.load(only_b) if r not in b]
-                  + [{**r, "flops_total": (0.5 + i % 2 / 10) * alloc.budget()} for i, r in enumerate(b)]
-                  + [{**final("flat-ngrams", 2, 2.0, "time"), "flops_total": 1.2 * alloc.budget()}])  # not its series
-    assert "width × depth (in those seconds this CPU gave them 0.50–0.60× the FLOPs budget): flat -0.100 [" \
-        in alloc.study_summary(only_b)
-    assert "without n-grams" not in line
-    records.write(path, [*records.load(path), final("learned", 0, 2.4), final("flat", 0, 2.3),
-                         final("learned", 1, 2.45), final("flat", 1, 2.3)])
-    line = alloc.study_summary(path)
-    assert "; flat (both without n-grams) +0.125 [" in line
-    assert "tied with flat and flat (both without n-grams)." in line
+                         final("flat-ngrams", 1, 2.1, "time", series="b")])
+    assert "wall-clock" not in alloc.study_table(path)  # a series pairs only among its own runs
+    b = [final("flat-ngrams", 0, 2.2, "time", series="b"), final("learned-ngrams", 0, 2.0, "time", series="b"),
+         final("learned-ngrams", 1, 2.1, "time", series="b"), final("flat-ngrams", 1, 2.1, "time")]
+    records.write(path, [*records.load(path), *b])
+    intro, cells = _readme_table(alloc.study_table(path))
+    assert cells["flat"]["wall-clock"].startswith("+0.100 ± ")  # series a, the first, while neither is walloc
+    assert "each at its wall-clock width" not in intro
+    records.write(path, [*records.load(path), *[{**r, "budget": {**r["budget"], "allocation": "clock"},
+                                                 "flops_total": (0.5 + i % 2 / 10) * alloc.budget()}
+                                                for i, r in enumerate(records.load(path))
+                                                if r["budget"].get("series") == "b"]])
+    intro, cells = _readme_table(alloc.study_table(path))
+    assert cells["flat"]["wall-clock"].startswith("-0.100 ± ")  # series b trained at wall-clock allocations
+    assert ("Wall-clock: the flat model's seconds, each at its wall-clock width × depth (0.50–0.60× the FLOPs "
+            "budget on this CPU).") in intro
     bpe = ["--arch", "token", "--bpe-vocab-size", "4096", "--d-model", "64", "--n-mid", "4", "--bpe-vocab-size", "2048"]
-    records.write(path, [*records.load(path), *[{**final("bpe-lm-ngrams", s, b), "flags": bpe}
-                                                for s, b in ((0, 2.3), (1, 2.36))]])
-    line = alloc.study_summary(path)  # the allocation's flag, given last; the verdict names the method alone
-    assert "; BPE transformer (vocabulary 2,048) -0.305 [" in line
-    assert "learned ahead of BPE transformer, tied with flat and flat (both without n-grams)." in line
-    records.write(path, [*records.load(path), *[{**final("bpe-lm-ngrams", s, b, "time"), "flags": bpe}
-                                                for s, b in ((0, 2.4), (1, 2.3))]])
-    line = alloc.study_summary(path)  # its vocabulary said at its first pair only
-    assert line.count("(vocabulary 2,048)") == 1 and "; BPE transformer -0.100 [" in line.split("Matched wall")[1]
-    plain = path.with_name("plain.jsonl")  # the BPE pair without n-grams too: the vocabulary still said once
-    records.write(plain, [*records.load(path), *[{**final("bpe-lm", s, b), "flags": bpe} for s, b in ((0, 2.2),
-                                                                                                       (1, 2.3))]])
-    line = alloc.study_summary(plain)
-    assert line.count("(vocabulary 2,048)") == 1 and "; BPE transformer (both without n-grams) +0.175 [" in line
-    assert alloc._and(["a", "b", "c"], of=3) == "all three" and alloc._and(["a", "b", "c"], of=4) == "a, b and c"
-    assert alloc._and(["a", "b"], of=2) == "a and b"
-    window = ["--byte-window", "4"]  # stage 2 gives learned a byte window: `retire` marks its runs
-    records.write(path, [{**r, "retired": {"now": [*r["flags"], *window]}} if r["method"] == "learned" else r
-                         for r in records.load(path)])
-    line = alloc.study_summary(path)
-    stage_1 = ", so far only at stage 1's allocation (byte window 8, rate 0.2): "
-    assert "At today's allocation: not yet two seeds a pair." in line
-    assert f"Matched total FLOPs (attention counted){stage_1}flat -0.125 [" in line
-    assert f"Matched wall-clock (the flat model's seconds){stage_1}flat +0.100 [" in line
-    records.write(path, [*records.load(path), *[{**final("learned-ngrams", s, b), "flags": window}
-                                                for s, b in ((0, 1.9), (1, 2.0))]])
-    line = alloc.study_summary(path)  # today's FLOPs runs against the same flat runs; the clock still stage 1's
-    assert "Matched total FLOPs (attention counted): flat -0.200 [-0.200, -0.200] (2); BPE" in line
-    assert "(2); learned ahead of flat and BPE transformer." in line  # the plain pair's runs are all retired
-    assert "flat -0.125" not in line and f"Matched wall-clock (the flat model's seconds){stage_1}" in line
-    records.write(path, [{k: v for k, v in r.items() if k != "retired"} for r in records.load(path)
-                         if r["flags"] != window] + [{**final("learned", 2, 2.0), "retired": {"now": window}}])
-    line = alloc.study_summary(path)  # a later stage 2 sent learned back to stage 1's window: said once, today
-    assert line.count("flat -0.125") == 1 and "stage 1's allocation" not in line
-    x4 = [{**final(arm, s, b), "budget": {"scale": 4.0, "match": "flops-total", "flops_budget": 4e2}}
+    records.write(path, [*records.load(path), final("learned", 0, 2.4), final("flat", 0, 2.3),
+                         final("learned", 1, 2.45), final("flat", 1, 2.3),
+                         *[{**final("bpe-lm-ngrams", s, b), "flags": bpe} for s, b in ((0, 2.3), (1, 2.36))]])
+    _, cells = _readme_table(alloc.study_table(path))
+    assert list(cells) == ["flat", "BPE transformer (vocabulary 2,048)"]  # the allocation's flag, given last
+    assert list(cells["flat"]) == ["total FLOPs", "wall-clock", "total FLOPs, *no n-grams*"]
+    assert cells["flat"]["total FLOPs, *no n-grams*"].startswith("+0.125 ± ")
+    assert cells["BPE transformer (vocabulary 2,048)"]["total FLOPs"].startswith("-0.305 ± ")
+    assert cells["BPE transformer (vocabulary 2,048)"]["wall-clock"] == ""
+    x4 = [final(arm, s, b, flops_budget=4e2, scale=4.0)
           for arm, s, b in (("learned-ngrams", 0, 1.8), ("learned-ngrams", 1, 1.9), ("flat-ngrams", 0, 1.9),
                             ("flat-ngrams", 1, 2.0))]
-    records.write(path, [*records.load(path), *x4])
-    assert alloc.study_summary(path).endswith(  # the larger budget after every x1 view: its verdict alone
-        "\n  - At 4× the budget (matched total FLOPs, each method at its x1 allocation, not swept again, 2 seeds): "
-        "learned ahead of flat.")
-    half = [{**r, "budget": {**r["budget"], "scale": 0.5}, "test": {**r["test"], "bpb": r["test"]["bpb"] + 0.3}}
-            for r in x4[:2]] + [{**r, "budget": {**r["budget"], "scale": 0.5}} for r in x4[2:]]
-    records.write(path, [*records.load(path), *half])
-    line = alloc.study_summary(path)  # a smaller budget after the x1 views too, then the larger
-    assert "\n  - At 0.5× the budget (matched total FLOPs, each method at its x1 allocation, not swept again, 2 " \
-           "seeds): learned behind flat.\n  - At 4× the budget" in line
-    assert line.index("At 0.5×") > line.index("Matched wall-clock")
-    others = [final(arm, s, b) for arm, s, b in (("bpe-ngrams", 0, 2.0), ("bpe-ngrams", 1, 2.05),  # learned's
-                                                 ("entropy-ngrams", 0, 2.1), ("entropy-ngrams", 1, 2.15))]
+    half = [{**r, "budget": {**r["budget"], "scale": 0.5}, "test": {"bpb": r["test"]["bpb"] + 0.3}} for r in x4[:2]]
+    half += [{**r, "budget": {**r["budget"], "scale": 0.5}} for r in x4[2:]]
+    wider = [{**final("flat-ngrams", s, b, flops_budget=4e2, scale=4.0, allocation="wider"), "val": {"bpb": 1.0}}
+             for s, b in ((0, 1.95), (1, 2.0))]  # validation prefers it: flat's x1-allocation runs left out
+    records.write(path, [*records.load(path), *x4, *half, *wider])
+    intro, cells = _readme_table(alloc.study_table(path))
+    assert list(cells["flat"]) == ["total FLOPs", "wall-clock", "total FLOPs, *no n-grams*", "0.5× total FLOPs",
+                                   "4× total FLOPs"]
+    assert cells["flat"]["0.5× total FLOPs"].startswith("+0.200 ± ")
+    assert cells["flat"]["4× total FLOPs"].startswith("-0.125 ± ")
+    assert intro.endswith(" 0.5× and 4×: at the x1 allocation or one width step wider where validation preferred "
+                          "it (flat).")
+    others = [final(arm, s, b) for arm, s, b in (("entropy-ngrams", 0, 2.1), ("entropy-ngrams", 1, 2.2),
+                                                 ("hnet-ngrams", 0, 2.1))]
     records.write(path, [*records.load(path), *others])
-    assert "At fixed patches' allocation" not in alloc.study_summary(path)  # hnet has no seed yet: silent
-    records.write(path, [*records.load(path), final("hnet-ngrams", 0, 2.2), final("hnet-ngrams", 1, 2.26),
-                         final("hnet-ngrams", 2, 2.3)])  # seed 2 has no learned run to pair with
-    flops = alloc.study_summary(path).split("Matched wall-clock")[0]  # said in the x1 FLOPs sentence, after it
-    assert flops.endswith("tied with flat and flat (both without n-grams). At fixed patches' allocation (2 seeds): "
-                          "learned ahead of entropy patches and H-Net's chunker, tied with BPE-guided "
-                          "boundaries.\n  - ")
+    _, cells = _readme_table(alloc.study_table(path))
+    assert list(cells)[-1] == "entropy patches"  # hnet pairs one seed only: no row
+    assert cells["entropy patches"]["total FLOPs"] == "-0.125 ± 0.318 (2) *tie*"
+    retired = [{**r, "retired": {"now": ["--byte-window", "4"]}} if r["method"] == "learned" else r
+               for r in records.load(path)]
+    records.write(path, retired)
+    assert alloc.study_table(path) is None  # every learned run retired: no pair left
+    assert alloc._and(["a", "b", "c"], of=3) == "all three" and alloc._and(["a", "b", "c"], of=4) == "a, b and c"
+    assert alloc._and(["a", "b"], of=2) == "a and b"
 
 
 def test_allocation_levers_pair_each_lever_over_seeds(tmp_path):

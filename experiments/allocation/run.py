@@ -1412,79 +1412,91 @@ WIDTH_CHOSEN = "x1 allocation or a width step wider, validation's choice"
 """Where a budget's runs stand once its width check ran (`_at_chosen_width`)."""
 
 
-STUDY_PAIRS = (("learned-ngrams", "flat-ngrams"), ("learned-ngrams", "bpe-lm-ngrams"),
-               ("learned-ngrams", "uniform-ngrams"), ("learned-ngrams", "whitespace-ngrams"), ("learned", "flat"),
-               ("learned", "bpe-lm"))
-"""The README's differences from the study, where both arms have at least two paired seeds (without n-grams the
-first two targets' pairs only: what the tables are worth to the claim)."""
-OTHER_PAIRS = tuple(("learned-ngrams", f"{m}-ngrams") for m in ("bpe", "entropy", "hnet"))
-"""The strategies the study reports but does not target (at fixed patches' allocation): the README's verdict."""
+TABLE_METHODS = ("flat", "bpe-lm", "uniform", "whitespace", "bpe", "entropy", "hnet")
+"""The README table's rows, learned − each in this order (the last three at fixed patches' allocation)."""
 NAMES = {"flat": "flat", "bpe-lm": "BPE transformer", "uniform": "fixed patches", "whitespace": "whitespace",
          "bpe": "BPE-guided boundaries", "entropy": "entropy patches", "hnet": "H-Net's chunker"}
 SHORT = {"flops-total": "FLOPs", "time": "clock", "flops-6n": "6N", "flops-6n-padded": "padded 6N"}
-
-
-VERDICT = ("ahead of", "tied with", "behind")
-"""What a pair's interval says of learned: below 0 throughout, covering 0, above 0 throughout."""
+COLUMN = {"flops-total": "total FLOPs", "time": "wall-clock", "flops-6n": "6N (the paper's)",
+          "flops-6n-padded": "padded 6N"}
+"""The README table's column for what a budget matched."""
 CONVENTION = {"flops-total": "matched total FLOPs (attention counted)",
               "time": "matched wall-clock (the flat model's seconds)",
               "flops-6n": "matched 6N (the paper's convention: attention free)",
               "flops-6n-padded": "matched 6N with padded token slots"}
 
-
-BULLET = "\n  - "
-"""How the README's study item starts each convention's sentence: a nested bullet, so the conventions the claim holds
-under read one to a line."""
-WALLOC_SAID = "at each one's wall-clock width × depth "
-"""How the README's line names a clock series whose arms trained at their wall-clock allocation."""
+Cell = tuple[str, list[int], dict]
+"""learned − a method in one column: (clock series, paired seeds, paired t-interval)."""
 
 
-Hits = list[tuple[str, list[int], dict]]
-"""A pair's differences in one view: (clock series, seeds, interval) for each series that pairs it, in the order
-of `_view_order` (a FLOPs view's one series is "")."""
-
-
-def _study_views(rows: list[dict], pairs: tuple[tuple[str, str], ...] = STUDY_PAIRS
-                 ) -> dict[tuple[float, str], list[tuple[str, str, Hits]]]:
-    """learned − each method in `pairs` over `rows` with two or more paired seeds, per view (scale and what the
-    budget matched): {view: [(name, shape, hits)]}, the shape what the allocation says beside the name (the BPE
-    transformer's vocabulary)."""
+def _table_cells(rows: list[dict], walloc: set[str]) -> dict[tuple[float, str, bool], dict[str, Cell]]:
+    """learned − each of TABLE_METHODS over `rows` where two or more seeds pair, per column (scale, what the
+    budget matched, without n-grams): with the tables learned-ngrams − the method's n-gram arm, without them
+    learned − its plain arm. Of a pair's clock series the one at wall-clock allocations (`walloc`), else its
+    first in `_view_order`: §8 has every series."""
     by: dict[tuple, dict[str, dict[int, float]]] = {}
-    vocab = ""
     for r in rows:
-        if "--bpe-vocab-size" in (f := _options(r["flags"])):
-            vocab = f" (vocabulary {int(f['--bpe-vocab-size']):,})"  # the allocation's, given last
         by.setdefault(_budget_key(r), {}).setdefault(r["arm"], {})[r["seed"]] = r["test"]["bpb"]
-    views: dict[tuple[float, str], list[tuple[str, str, Hits]]] = {}
-    for a, b in pairs:
-        found: dict[tuple[float, str], Hits] = {}
-        for (scale, match, _, series), arms_ in sorted(by.items(), key=lambda kv: _view_order(kv[0])):
-            seeds, p = _paired(arms_.get(a, {}), arms_.get(b, {}))
-            if p is not None:
-                found.setdefault((scale, match), []).append((series, seeds, p))
-        method = b.removesuffix("-ngrams")
-        name = NAMES[method] + ("" if a.endswith("-ngrams") else " (both without n-grams)")
-        for view, hits in found.items():
-            views.setdefault(view, []).append((name, vocab if method == "bpe-lm" else "", hits))
-    return views
+    cells: dict[tuple[float, str, bool], dict[str, Cell]] = {}
+    for key, arms_ in sorted(by.items(), key=lambda kv: _view_order(kv[0])):
+        scale, match, _, series = key
+        for plain in (False, True):
+            tail = "" if plain else "-ngrams"
+            for m in TABLE_METHODS:
+                seeds, p = _paired(arms_.get("learned" + tail, {}), arms_.get(m + tail, {}))
+                column = cells.setdefault((scale, match, plain), {})
+                if p is not None and (m not in column or series in walloc and column[m][0] not in walloc):
+                    column[m] = (series, seeds, p)
+    return {k: v for k, v in cells.items() if v}
 
 
-def _pair_text(name: str, shape: str, hits: Hits, walloc: set[str], once: bool) -> str:
-    """One pair's differences in the README's line: each series' interval and seeds, a series named unless it is
-    the view's first at the FLOPs sweep's allocations, or trained at the wall-clock allocations when `once` (the
-    sentence says so for every pair)."""
-    first = next((s for s, *_ in hits if s not in walloc), None)
-    said = []
-    for series, seeds, p in hits:
-        named = (("" if once else WALLOC_SAID) if series in walloc
-                 else "" if series == first else f"series {series or 'a'} ")
-        said.append(f"{named}{interval_text(p, 3, tie=True)} ({len(seeds)})")
-    return f"{name}{shape} {', '.join(said)}"
+def study_table(path: Path = RECORDS) -> str | None:
+    """The README's item on the study: a paragraph saying how to read it, then a table of learned − each method
+    (rows) in test BPB after the first 256 KB, mean ± 95 % t half-width over paired seeds, per convention and
+    budget (columns, `_table_cells`); the x1 budget's conventions first, then the pairs without n-grams, then the
+    other budgets (their runs keep the x1 allocation or the width check's choice). None before any pair has two
+    seeds."""
+    from learntok import records
 
+    rows = records.load(path)
+    walloc = _walloc_series(rows)
+    current = _current(rows)
+    cells = _table_cells(current, walloc)
+    if not cells:
+        return None
+    columns = sorted(cells, key=lambda c: (c[0] != 1, c[0], c[2], list(VIEWS).index(c[1])))
+    vocab = next((f" (vocabulary {int(f['--bpe-vocab-size']):,})" for r in reversed(current)
+                  if r["method"] == "bpe-lm" and "--bpe-vocab-size" in (f := _options(r["flags"]))), "")
+    intro = ("- Issue 30's study ([§8](docs/results.md#8-every-method-at-its-own-allocation)): learned − each method, "
+             "test BPB on text no earlier screen read, mean ± 95 % t half-width over paired seeds (their number); "
+             "negative: learned better. Each method at its allocation chosen on validation, with hashed byte n-grams "
+             "(but for *no n-grams*); the last three at fixed patches' allocation.")
+    if (1.0, "time", False) in cells:
+        series = {s for s, *_ in cells[1.0, "time", False].values()}
+        intro += (" Wall-clock: the flat model's seconds" + (", each at its wall-clock width × depth"
+                  if series <= walloc else "") + _clock_flops(current, (1.0, "time"), series) + ".")
+    scales = sorted({c[0] for c in columns if c[0] != 1})
+    if scales:
+        wider = sorted({_name(r["arm"]) for r in current if _wider(r) and _budget_key(r)[0] in scales})
+        intro += (f" {' and '.join(f'{x:g}×' for x in scales)}: at the x1 allocation"
+                  + (f" or one width step wider where validation preferred it ({_and(wider)})" if wider else "")
+                  + ".")
 
-def _verdict(hits: Hits) -> int:
-    """An index of VERDICT for a pair: the most cautious over its series."""
-    return max(1 if p["tie"] else 0 if p["mean"] < 0 else 2 for *_, p in hits)
+    def title(c: tuple[float, str, bool]) -> str:
+        return ("" if c[0] == 1 else f"{c[0]:g}× ") + COLUMN[c[1]] + (", *no n-grams*" if c[2] else "")
+
+    def text(cell: Cell | None) -> str:
+        if cell is None:
+            return ""
+        p = cell[2]
+        return f"{p['mean']:+.3f} ± {p['half']:.3f} ({len(cell[1])}){' *tie*' if p['tie'] else ''}"
+
+    lines = ["| learned − | " + " | ".join(map(title, columns)) + " |", "|---" * (len(columns) + 1) + "|"]
+    for m in TABLE_METHODS:
+        if any(m in cells[c] for c in columns):
+            lines.append(f"| {NAMES[m]}{vocab if m == 'bpe-lm' else ''} | "
+                         + " | ".join(text(cells[c].get(m)) for c in columns) + " |")
+    return intro + "\n\n" + "\n".join(lines)
 
 
 def _before_stage_2(rows: list[dict]) -> list[dict]:
@@ -1503,87 +1515,6 @@ def _at_stage_1(r: dict) -> bool:
     return given.get("--byte-window", "8") == "8" and float(given.get("--target-rate", RATE)) == RATE
 
 
-def study_summary(path: Path = RECORDS) -> str | None:
-    """The README's item on the study (each method at its own allocation, seeds paired, test BPB after the
-    first 256 KB), one nested bullet (BULLET) per convention and budget: learned − each method in STUDY_PAIRS with
-    two or more paired seeds (`_study_views`) and what the intervals say (at a budget other than x1, whose runs
-    keep the x1 allocation, the verdict alone). A convention today's runs do not have yet is read from stage 1's
-    allocation once stage 2 retired those runs, and says so; None before any."""
-    from learntok import records
-
-    rows = records.load(path)
-    walloc = _walloc_series(rows)
-    current = _current(rows)
-    now = _study_views(current)
-    stage_1 = _before_stage_2(rows)
-    before = _study_views(stage_1) if any(r.get("retired") for r in stage_1) else {}
-    if not now and not before:
-        return None
-    line = ("- Issue 30's study ([§8](docs/results.md#8-every-method-at-its-own-allocation)): each method at the "
-            "allocation validation chose for it, with hashed byte n-gram embeddings; learned − each in test BPB on "
-            "text no earlier screen read, 95 % t over seeds (their number in parentheses).")
-    if not now:
-        line += " At today's allocation: not yet two seeds a pair."
-    said: set[str] = set()
-    for view in sorted(set(now) | set(before), key=lambda v: _view_order((*v, 0.0, ""))):
-        pairs = now.get(view) or before[view]
-        where = "" if view in now else ", so far only at stage 1's allocation (byte window 8, rate 0.2)"
-        series = {s for *_, hits in pairs for s, *_ in hits}
-        once = all(len(hits) == 1 for *_, hits in pairs) and series <= walloc  # one such series a pair: said once
-        if once:
-            where += ", each method at its wall-clock width × depth"
-        if view[1] == "time":
-            where += _clock_flops(current if view in now else stage_1, view, series if once else None)
-        verdicts = _verdicts(pairs, of=len(pairs))
-        if view[0] != 1:  # a verdict only: these runs keep the x1 allocation, and their numbers are in §8
-            wider = sorted({_name(r["arm"]) for r in current if _wider(r) and _budget_key(r)[:2] == view})
-            shape = (f"x1 allocation or one width step wider where validation preferred it ({_and(wider)}), "
-                     "not swept further" if wider else "x1 allocation, not swept again")
-            line += (f"{BULLET}At {view[0]:g}× the budget ({CONVENTION[view[1]].split(' (')[0]}{where}, each method "
-                     f"at its {shape}, {_seed_counts(pairs)} seeds): learned {', '.join(verdicts)}.")
-            continue
-        matched = CONVENTION[view[1]]
-        told = []
-        for name, shape, hits in pairs:  # the BPE transformer's vocabulary: said at its first pair only
-            told.append((name, "" if shape in said else shape, hits))
-            said.add(shape)
-        line += (f"{BULLET}{matched[0].upper() + matched[1:]}{where}: "
-                 + "; ".join(_pair_text(*pair, walloc, once) for pair in told) + f"; learned {', '.join(verdicts)}."
-                 + (_others_said(current) if view == (1, "flops-total") and view in now else ""))
-    return line
-
-
-def _others_said(rows: list[dict]) -> str:
-    """The README's sentence on OTHER_PAIRS at matched total FLOPs (x1), once each has two or more seeds paired:
-    learned's verdict against each, "" before."""
-    pairs = _study_views(rows, OTHER_PAIRS).get((1, "flops-total"), [])
-    if len(pairs) < len(OTHER_PAIRS):
-        return ""
-    return f" At fixed patches' allocation ({_seed_counts(pairs)} seeds): learned {', '.join(_verdicts(pairs))}."
-
-
-def _verdicts(pairs: list[tuple[str, str, Hits]], of: int = 0) -> list[str]:
-    """What a view's pairs say of learned, grouped by VERDICT ("ahead of flat and BPE transformer", ...; "all
-    four" per `_and` when every one of `of` pairs shares a verdict)."""
-    return [f"{VERDICT[k]} {_and(names, of=of)}" for k in range(3)
-            if (names := [n for n, _, hits in pairs if _verdict(hits) == k])]
-
-
-def _seed_counts(pairs: list[tuple[str, str, Hits]]) -> str:
-    """How many seeds a view's pairs have: "3", or "2–3" when they differ."""
-    n = sorted({len(seeds) for *_, hits in pairs for _, seeds, _ in hits})
-    return f"{n[0]}{f'–{n[-1]}' if len(n) > 1 else ''}"
-
-
-def clock_pairs(path: Path = RECORDS) -> set[str]:
-    """The names (NAMES') of the methods the README's line pairs with learned at matched wall-clock (x1), from the
-    current runs."""
-    from learntok import records
-
-    current = _current(records.load(path))
-    return {name for view, pairs in _study_views(current).items() if view == (1, "time") for name, *_ in pairs}
-
-
 def _clock_flops(rows: list[dict], view: tuple[float, str], series: set[str] | None) -> str:
     """What the seconds of a clock view bought: the range of its runs' (among `rows`) total FLOPs as a fraction of
     the view's FLOPs budget (only `series`' runs, when given), since a clock result on a slow machine is also a
@@ -1593,7 +1524,7 @@ def _clock_flops(rows: list[dict], view: tuple[float, str], series: set[str] | N
     if not got:
         return ""
     ref = budget(view[0])  # builds a model: once a view, not once a run
-    return f" (in those seconds this CPU gave them {min(got) / ref:.2f}–{max(got) / ref:.2f}× the FLOPs budget)"
+    return f" ({min(got) / ref:.2f}–{max(got) / ref:.2f}× the FLOPs budget on this CPU)"
 
 
 def _name(arm: str) -> str:
@@ -1614,8 +1545,8 @@ def summary(path: Path = HERE / "records-preset.jsonl") -> str | None:
     (one seed); None without either's records."""
     from learntok import records
 
-    if (line := study_summary()) is not None:
-        return line
+    if (table := study_table()) is not None:
+        return table
     rows = [r for r in records.load(path) if r["seed"] == 0]
     bpb = {r["arm"]: r["test"]["bpb"] for r in rows}
     needed = [f"{m}{v}" for m in ("learned", "flat", "bpe-lm", "uniform") for v in ("", "-ngrams")]
