@@ -113,6 +113,61 @@ def test_uniform_second_level_groups_every_other_token():
     assert out.inner_boundaries.mask[0, :8].tolist() == [True, False] * 4
 
 
+# -- drawing the second level (learntok.draw level 2: segment, show, the tokenizer) ----------------------------
+
+
+def test_drawn_second_level_is_the_forward_pass_at_each_tokens_first_byte():
+    """Level 2 draws what the model's forward pass draws with the same uniforms: token j's super-token decision
+    at its first byte, nothing at bytes that start no token; greedy is greedy at both levels."""
+    from learntok.draw import draw_text, uniforms
+    from learntok.vocab import BOS
+
+    m = build_model("learned", None, HIER).eval()
+    data = bytes(_ids(1, 90, 4)[0, 1:].tolist())
+    p1, m1 = draw_text(m, data, 200, seed=5)
+    p2, m2 = draw_text(m, data, 200, seed=5, level=2)
+    ids = torch.tensor([[BOS, *data]])  # the text in one window
+    noise = uniforms(len(data) + 1, False, torch.Generator().manual_seed(5))[None]
+    with torch.no_grad():
+        out = m(ids, noise=noise)
+    starts = out.boundaries.mask[0].nonzero()[:, 0]  # each token's first position (BOS's is 0)
+    want_mask, want_p = torch.zeros(len(data) + 1, dtype=torch.bool), torch.zeros(len(data) + 1)
+    want_mask[starts] = out.inner_boundaries.mask[0, :len(starts)]
+    want_p[starts] = out.inner_boundaries.probs[0, :len(starts)].float()
+    assert torch.equal(m1, out.boundaries.mask[0, 1:]) and torch.equal(m2, want_mask[1:])
+    torch.testing.assert_close(p2, want_p[1:], rtol=0, atol=1e-6)
+    assert 2 < m2.sum() < m1.sum() and not (m2 & ~m1).any()  # super-tokens start where tokens start
+    g1, g2 = draw_text(m, data, 200, greedy=True), draw_text(m, data, 200, greedy=True, level=2)
+    assert torch.equal(g2[1], (g2[0] > 0.5) & g1[1])
+
+
+def test_second_level_segments_long_texts_in_windows_into_whole_tokens():
+    from learntok.tokenizer import LearnedTokenizer
+
+    m = build_model("learned", None, HIER).eval()
+    text = "the river and the sea, the river and the sand; " * 4
+    tokens = LearnedTokenizer(m, window=48).encode(text)  # windows of 47 bytes, each re-reading 11
+    supers = LearnedTokenizer(m, window=48, level=2).encode(text)
+    assert "".join(supers.tokens) == text and 3 < len(supers) < len(tokens)
+    starts = {s for s, _ in tokens.byte_offsets}
+    assert all(s in starts for s, _ in supers.byte_offsets)
+    streamed = list(LearnedTokenizer(m, window=48, level=2).stream_spans([text.encode()[:70], text.encode()[70:]]))
+    assert [(s, e) for s, e, _ in streamed] == supers.byte_offsets
+
+
+def test_a_second_level_needs_a_two_level_model(capsys):
+    from learntok.cli import main
+    from learntok.draw import draw_text
+
+    with pytest.raises(ValueError, match="boundary level 2: this model has one level"):
+        draw_text(build_model("learned", None), b"some text", 32, level=2)
+    with pytest.raises(ValueError, match="boundary level 3: this model has levels 1 to 2"):
+        draw_text(build_model("learned", None, HIER), b"some text", 32, level=3)
+    assert main(["segment", "--level", "2", "--text", "Tokens."]) == 2  # the bundled model has one level
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "this model has one level" in err
+
+
 # -- the joint estimator against exact enumeration -------------------------------------------------------
 
 T = 4  # bytes per row: 3 free first-level decisions; given k tokens, k - 1 free second-level ones (27 patterns)
@@ -260,6 +315,16 @@ def test_cli_trains_resumes_evaluates_and_generates(tmp_path, text_corpus, capsy
     assert capsys.readouterr().out.startswith("The ")
     assert main(["eval", str(run), "--tasks", "none", "--no-progress"]) == 0
     assert "held-out BPB" in capsys.readouterr().out
+    text = "The river runs to the sea, and the sea to the river."
+    assert main(["segment", str(run), "--text", text, "--format", "jsonl"]) == 0
+    tokens = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert main(["segment", str(run), "--text", text, "--format", "jsonl", "--level", "2"]) == 0
+    supers = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert "".join(s["text"] for s in supers) == text and len(supers) < len(tokens)
+    assert {s["start"] for s in supers} <= {t["start"] for t in tokens}
+    assert main(["show", str(run), "--text", text, "--level", "2", "--color", "never"]) == 0
+    shown = capsys.readouterr().out
+    assert "second level" in shown and shown.splitlines()[0].replace("|", "") == text
 
 
 @pytest.mark.parametrize(("extra", "message"), [

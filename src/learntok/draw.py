@@ -51,6 +51,16 @@ def check_precision(precision: str) -> str:
     return precision
 
 
+def check_level(model, level: int) -> int:
+    """`level` if the model has that boundary level (1: tokens over bytes; 2: a two-level model's super-tokens
+    over tokens, `--inner-layers`), else a ValueError naming what it has."""
+    have = getattr(model, "levels", 1)
+    if level not in range(1, have + 1):
+        raise ValueError(f"boundary level {level}: this model has " + ("one level (a second needs training with "
+                         "--inner-layers N)" if have == 1 else f"levels 1 to {have}"))
+    return level
+
+
 def evaluates_greedily(model) -> bool:
     """Whether the model's strategy is set to evaluate greedily (eval_boundaries = "greedy": a_t = [p_t > 0.5])."""
     return getattr(model.bcfg, "eval_boundaries", "sample") == "greedy"
@@ -81,7 +91,7 @@ def windows(n: int, window: int, context: int) -> list[tuple[int, int, int]]:
 
 
 def draw_texts(model, texts: list[bytes], window: int, *, seed: int = EVAL_SEED, greedy: bool = False,
-               context: int | None = None, batch_size: int = 32, precision: str = "fp32"):
+               context: int | None = None, batch_size: int = 32, precision: str = "fp32", level: int = 1):
     """[(probs, mask)] per text, each (len(text),) on the CPU: boundaries drawn the evaluation way through the
     encoder and the strategy only (the token level and decoder are not needed to place boundaries).
 
@@ -92,27 +102,30 @@ def draw_texts(model, texts: list[bytes], window: int, *, seed: int = EVAL_SEED,
     turn, so a text's boundaries do not depend on the other texts of the batch; windows of all texts run
     `batch_size` at a time (right-padded: no position reads a later one). A strategy that annotates gets the
     flags of the whole text. precision "bf16" runs the encoder under bfloat16 autocast (faster on CPUs with
-    bfloat16 support; a few decisions near p = 0.5 can flip: learntok.evaluation.stability)."""
+    bfloat16 support; a few decisions near p = 0.5 can flip: learntok.evaluation.stability). level 2 (a two-level
+    model): the second level's decisions at the bytes, drawn with the same uniforms (HierLM.super_boundaries: a
+    super-token starts at a byte that starts a token and whose token the second level marks)."""
     import torch
 
+    check_level(model, level)
     context = window // 4 if context is None else context
     jobs = (job for i, data in enumerate(texts) for job in _text_jobs(model, i, data, window, seed, greedy, context))
     probs = [[torch.zeros(0)] for _ in texts]
     mask = [[torch.zeros(0, dtype=torch.bool)] for _ in texts]
-    for i, p, m in _run(model, jobs, batch_size, precision):
+    for i, p, m in _run(model, jobs, batch_size, precision, level):
         probs[i].append(p)
         mask[i].append(m)
     return [(torch.cat(p), torch.cat(m)) for p, m in zip(probs, mask)]
 
 
 def draw_text(model, data: bytes, window: int, *, seed: int = EVAL_SEED, greedy: bool = False,
-              context: int | None = None):
+              context: int | None = None, level: int = 1):
     """(probs, mask) of one text, as `draw_texts` draws it."""
-    return draw_texts(model, [data], window, seed=seed, greedy=greedy, context=context)[0]
+    return draw_texts(model, [data], window, seed=seed, greedy=greedy, context=context, level=level)[0]
 
 
 def draw_stream(model, blocks, window: int, *, seed: int = EVAL_SEED, greedy: bool = False,
-                context: int | None = None, batch_size: int = 32, precision: str = "fp32"):
+                context: int | None = None, batch_size: int = 32, precision: str = "fp32", level: int = 1):
     """The boundary flags of one long text given as an iterable of byte blocks (a file read piece by piece),
     yielded as (mask,) chunks in order: the same flags `draw_text` gives for the whole text, in memory bounded
     by the block size and batch_size windows. Strategies that annotate need the whole text (use draw_text)."""
@@ -121,6 +134,7 @@ def draw_stream(model, blocks, window: int, *, seed: int = EVAL_SEED, greedy: bo
     if model.boundary.annotator is not None:
         raise ValueError("streaming needs a strategy that does not annotate the whole text (bpe does): segment "
                          "the text in one piece")
+    check_level(model, level)
     context = window // 4 if context is None else context
     greedy = greedy or evaluates_greedily(model)
 
@@ -146,7 +160,7 @@ def draw_stream(model, blocks, window: int, *, seed: int = EVAL_SEED, greedy: bo
             drop = max(0, end - context - pos)  # keep the next window's context
             buf, pos, s = buf[drop:], pos + drop, end
 
-    for _, _, m in _run(model, jobs(), batch_size, precision):
+    for _, _, m in _run(model, jobs(), batch_size, precision, level):
         yield m
 
 
@@ -164,9 +178,9 @@ def _text_jobs(model, key, data: bytes, window: int, seed: int, greedy: bool, co
         yield key, data[a:e], s - a, uniforms(e - a + 1, greedy, gen), flags
 
 
-def _run(model, jobs, batch_size: int, precision: str = "fp32"):
+def _run(model, jobs, batch_size: int, precision: str = "fp32", level: int = 1):
     """(key, probs, mask) of each job's new bytes, in order, running `batch_size` windows per encoder pass
-    (under bfloat16 autocast with precision "bf16")."""
+    (under bfloat16 autocast with precision "bf16"); at level 2 the second level's, through the inner layers."""
     import contextlib
     import itertools
 
@@ -193,9 +207,13 @@ def _run(model, jobs, batch_size: int, precision: str = "fp32"):
                     noise[r, : len(w) + 1] = u
                     if annotated:
                         pres[r, : len(w) + 1] = torch.from_numpy(flags)
-                _, out = model._propose(ids.to(dev), noise.to(dev), None, None if pres is None else pres.to(dev))
+                if level == 2:
+                    probs, mask = model.super_boundaries(ids.to(dev), noise.to(dev))
+                else:
+                    _, out = model._propose(ids.to(dev), noise.to(dev), None, None if pres is None else pres.to(dev))
+                    probs, mask = out.probs, out.mask
                 for r, (key, w, lead, _, _) in enumerate(chunk):
                     keep = slice(1 + lead, 1 + len(w))  # byte j of the window is at position j + 1
-                    yield key, out.probs[r, keep].float().cpu(), out.mask[r, keep].cpu()
+                    yield key, probs[r, keep].float().cpu(), mask[r, keep].cpu()
     finally:
         model.train(was_training)

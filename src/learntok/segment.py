@@ -10,6 +10,7 @@ than the model's context are read in windows of its training length, each re-rea
 one before as context (learntok.draw.draw_text), so a window start is not a forced boundary. Boundaries are
 drawn the evaluation way (learntok.draw, as `learntok show` draws them): one sample with the evaluation seed by
 default (the paper's protocol); greedy=True takes p > 0.5. Only the forward pass is needed, no training code.
+A two-level model (`--inner-layers`) gives its super-tokens with level=2.
 """
 
 from __future__ import annotations
@@ -35,10 +36,11 @@ class Segmenter:
     """Spans of a text under a model's boundaries (learntok.tokenizer.LearnedTokenizer gives the same
     segmentation with a tokenizer's interface)."""
 
-    def __init__(self, model, *, greedy: bool = False, seed: int = EVAL_SEED, window: int | None = None):
+    def __init__(self, model, *, greedy: bool = False, seed: int = EVAL_SEED, window: int | None = None,
+                 level: int = 1):
         from learntok.tokenizer import LearnedTokenizer
 
-        self.tokenizer = LearnedTokenizer(model, greedy=greedy, seed=seed, window=window)
+        self.tokenizer = LearnedTokenizer(model, greedy=greedy, seed=seed, window=window, level=level)
         self.model, self.greedy, self.seed, self.window = self.tokenizer.model, greedy, seed, self.tokenizer.window
 
     @classmethod

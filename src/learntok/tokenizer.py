@@ -12,7 +12,8 @@ ids it gives are the model's input, the UTF-8 bytes (id = byte value), and the s
 them: `boundary_mask` (1 where a token starts) per byte, `token_offsets` and `token_lengths` per token. This is
 how byte-level models with dynamic patches (BLT's patch lengths, H-Net's boundary mask) hand segmentations on.
 Boundaries are drawn as `learntok segment` and `learntok show` draw them (learntok.draw.draw_texts: one sample
-with the evaluation seed, or greedy), text by text, so a text's tokens do not depend on its batch.
+with the evaluation seed, or greedy), text by text, so a text's tokens do not depend on its batch. A two-level
+model (`--inner-layers`) segments into its super-tokens with level=2.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from learntok.draw import EVAL_SEED, check_precision, draw_texts, evaluates_greedily
+from learntok.draw import EVAL_SEED, check_level, check_precision, draw_texts, evaluates_greedily
 from learntok.vocab import BOS, PAD
 
 CONFIG_FILE = "learntok_tokenizer.json"
@@ -73,12 +74,13 @@ class LearnedTokenizer:
     Hub id, or a bundled model's name)."""
 
     def __init__(self, model, *, greedy: bool = False, seed: int = EVAL_SEED, window: int | None = None,
-                 batch_size: int = 32, precision: str = "fp32", rate: float | None = None) -> None:
+                 batch_size: int = 32, precision: str = "fp32", rate: float | None = None, level: int = 1) -> None:
         if getattr(model, "predicts_tokens", False):
             raise ValueError("a learned tokenizer needs a byte-level model; the BPE baseline (--arch token) has a "
                              "fixed tokenizer of its own")
         self.model = model.eval()
         self.greedy, self.seed, self.batch_size, self.rate = greedy, seed, batch_size, rate
+        self.level = check_level(model, level)
         if rate is not None:  # the model's asked rate (ByteLM.set_rate): every tokenizer sharing it sees it
             model.set_rate(rate)
         from learntok.boundaries.rates import warn_mismatch
@@ -92,7 +94,8 @@ class LearnedTokenizer:
         """Load a model (learntok.pretrained.load) and the tokenizer settings saved beside it, overridden by
         `kw` (greedy=, seed=, window=, batch_size=, precision= "fp32" or "bf16": bfloat16 autocast, about 1.4x
         faster on the project's CPU, a few decisions near p = 0.5 can differ; rate= a boundary rate to ask a
-        learned policy for, calibrated when the model has a calibration table)."""
+        learned policy for, calibrated when the model has a calibration table; level=2: a two-level model's
+        super-tokens)."""
         from learntok.pretrained import load
 
         loaded = load(name_or_path, device)
@@ -105,7 +108,8 @@ class LearnedTokenizer:
         from learntok.pretrained import save_pretrained
 
         out = save_pretrained(self.model, out_dir, seq_len=self.window)
-        settings = {"greedy": self.greedy, "seed": self.seed, **({"rate": self.rate} if self.rate is not None else {})}
+        settings = {"greedy": self.greedy, "seed": self.seed, **({"rate": self.rate} if self.rate is not None else {}),
+                    **({"level": self.level} if self.level != 1 else {})}
         (out / CONFIG_FILE).write_text(json.dumps(settings, indent=2) + "\n")
         return out
 
@@ -126,7 +130,7 @@ class LearnedTokenizer:
     def encode_batch(self, texts: list[str | bytes]) -> list[Encoding]:
         data = [t.encode() if isinstance(t, str) else bytes(t) for t in texts]
         drawn = draw_texts(self.model, data, self.window - 1, seed=self.seed, greedy=self.greedy,
-                           batch_size=self.batch_size, precision=self.precision)
+                           batch_size=self.batch_size, precision=self.precision, level=self.level)
         return [self._encoding(t, d, m.tolist()) for t, d, (_, m) in zip(texts, data, drawn)]
 
     def stream_spans(self, blocks):
@@ -148,7 +152,7 @@ class LearnedTokenizer:
 
         buf, start, offset = b"", 0, 0  # bytes from the open token's start on; its start; the next flag's byte
         for mask in draw_stream(self.model, tee(), self.window - 1, seed=self.seed, greedy=self.greedy,
-                                batch_size=self.batch_size, precision=self.precision):
+                                batch_size=self.batch_size, precision=self.precision, level=self.level):
             while len(buf) < offset - start + len(mask):
                 buf += feed.pop(0)
             for j in mask.nonzero()[:, 0].tolist():

@@ -133,6 +133,8 @@ class SegmentArgs:
     rate: float | None = None
     """Ask a learned policy for this boundary rate (boundaries per byte; calibrated if `learntok calibrate` ran)
     instead of its trained one."""
+    level: int = 1
+    """Boundary level: 2 segments a two-level model (trained with --inner-layers) into its super-tokens."""
 
 
 def cmd_segment(argv: list[str]) -> int:
@@ -143,7 +145,7 @@ def cmd_segment(argv: list[str]) -> int:
     data = b"" if streamed else read_input(a.text, a.file)
     path = input_path(a.file) if streamed else None
     more = {} if a.rate is None else {"rate": a.rate}
-    tok = LearnedTokenizer.from_pretrained(a.checkpoint, greedy=a.greedy, seed=a.seed, **more)
+    tok = LearnedTokenizer.from_pretrained(a.checkpoint, greedy=a.greedy, seed=a.seed, level=a.level, **more)
     if a.stats:
         from learntok.evaluation.stability import chunk_stats, stability
 

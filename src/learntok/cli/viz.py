@@ -58,6 +58,8 @@ class ShowArgs:
     """Ask a learned policy for this boundary rate (calibrated if `learntok calibrate` ran)."""
     device: str = "cpu"
     """cpu, cuda, cuda:N or auto."""
+    level: int = 1
+    """Boundary level: 2 maps a two-level model's (trained with --inner-layers) super-token boundaries."""
 
     def __post_init__(self) -> None:
         for name in ("seed", "max_bytes", "width"):
@@ -83,7 +85,8 @@ def cmd_show(argv: list[str]) -> int:
     loaded = load(a.checkpoint, device=resolve_device(a.device))
     if a.rate is not None:
         ask_rate(loaded.model, a.rate)
-    bmap = compute_map(loaded.model, data, window=max(1, loaded.seq_len - 1), seed=a.seed, greedy=a.greedy)
+    bmap = compute_map(loaded.model, data, window=max(1, loaded.seq_len - 1), seed=a.seed, greedy=a.greedy,
+                       level=a.level)
     if not a.quiet:
         color = None if a.color == "auto" else a.color == "always"
         print(render_ansi(bmap, color=color).rstrip("\n"))

@@ -125,6 +125,8 @@ class HierLM(ByteLM):
 
     cached_generation = False
     """Generation recomputes the prefix for every byte (no caches across the second level yet)."""
+    levels = 2
+    """Boundary levels `learntok.draw` can draw (`super_boundaries`: the second)."""
 
     def __init__(self, cfg, bcfg):
         if problems := unsupported(bcfg):
@@ -165,6 +167,26 @@ class HierLM(ByteLM):
             greedy = not self.training and getattr(self.boundary.cfg, "eval_boundaries", "sample") == "greedy"
             noise = torch.full(ids.shape, 0.5, device=ids.device) if greedy else \
                 torch.rand(ids.shape, generator=generator, device=ids.device)
+        x, out, tokens, size, packing, z, out2, rope = self._levels(ids, noise, generator, prescribed, boundaries)
+        supers = self.inner.downsample(z, out2, None)  # (B,K,D); pos: token indices
+        y2 = self._tokens(self.mid, supers.x, tokens.pos.gather(1, supers.pos), rope,
+                          Packing.from_counts(supers.count, supers.x.shape[1]))
+        y1 = self._tokens(self.inner_up, self.inner.upsample(y2, z, supers, out2), tokens.pos, rope, packing)
+        h = self.boundary.upsample(y1, x, tokens, out)  # (B,T,D)
+        for blk in self.up:
+            h = self._block(blk, h, rope)
+        result = ModelOutput(logits=self._head(self.norm_out, self.head, h), boundaries=out, n_tokens=tokens.count,
+                             token_slots=size, n_super=supers.count, inner_boundaries=out2)
+        if targets is not None:
+            self._losses(result, x, targets, _level_reducer(batch_stats, 0))
+            self._inner_losses(result, x, z, tokens, out2, targets, _level_reducer(batch_stats, 1))
+        result.terms["boundary/inner_rate"] = (supers.count.sum() / tokens.count.sum()).float().detach()
+        return result
+
+    def _levels(self, ids, noise, generator=None, prescribed=None, boundaries=None):
+        """Both levels' boundaries of (B,T) ids with per-byte uniforms `noise`: the byte states X, the first
+        level's output and tokens (with their slot count and packing), the token states Z after the inner layers,
+        the second level's output over tokens (padding never a boundary) and the byte RoPE table."""
         rope = self._byte_rope(ids)
         x, out = self._propose(ids, noise, generator, prescribed, None, rope)
         if boundaries is not None:
@@ -182,20 +204,19 @@ class HierLM(ByteLM):
         u2 = inner_uniforms(noise).gather(1, tokens.pos)  # (B,M)
         out2 = self.inner.propose(z, real.long(), noise=u2, generator=None)
         out2.mask = out2.mask & real  # padding is never a boundary (s_0 = 1 is real)
-        supers = self.inner.downsample(z, out2, None)  # (B,K,D); pos: token indices
-        y2 = self._tokens(self.mid, supers.x, tokens.pos.gather(1, supers.pos), rope,
-                          Packing.from_counts(supers.count, supers.x.shape[1]))
-        y1 = self._tokens(self.inner_up, self.inner.upsample(y2, z, supers, out2), tokens.pos, rope, packing)
-        h = self.boundary.upsample(y1, x, tokens, out)  # (B,T,D)
-        for blk in self.up:
-            h = self._block(blk, h, rope)
-        result = ModelOutput(logits=self._head(self.norm_out, self.head, h), boundaries=out, n_tokens=tokens.count,
-                             token_slots=size, n_super=supers.count, inner_boundaries=out2)
-        if targets is not None:
-            self._losses(result, x, targets, _level_reducer(batch_stats, 0))
-            self._inner_losses(result, x, z, tokens, out2, targets, _level_reducer(batch_stats, 1))
-        result.terms["boundary/inner_rate"] = (supers.count.sum() / tokens.count.sum()).float().detach()
-        return result
+        return x, out, tokens, size, packing, z, out2, rope
+
+    def super_boundaries(self, ids: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The second level's decisions at the bytes of (B,T) ids, drawn with per-byte uniforms `noise` as
+        `forward` draws them: (probs, mask) (B,T), token j's p and s at its boundary byte b_j; 0 and False at the
+        bytes that start no token (no super-token can start there). learntok.draw's level 2."""
+        _, _, tokens, _, _, _, out2, _ = self._levels(ids, noise)
+        real = torch.arange(out2.mask.shape[1], device=ids.device)[None] < tokens.count[:, None]  # (B,M)
+        probs = torch.where(real, out2.probs.float(), 0.0)
+        at_bytes = ids.new_zeros(ids.shape, dtype=torch.float32)
+        probs = at_bytes.scatter_reduce(1, tokens.pos, probs, "amax")  # padding slots add 0 wherever they point
+        mask = at_bytes.scatter_reduce(1, tokens.pos, out2.mask.float(), "amax") > 0.5
+        return probs, mask
 
     def _tokens(self, blocks: nn.ModuleList, x: torch.Tensor, pos: torch.Tensor, rope_byte, packing: Packing | None
                 ) -> torch.Tensor:

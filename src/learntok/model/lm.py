@@ -108,6 +108,8 @@ class GenerationState:
 class ByteLM(nn.Module):
     cached_generation = True
     """`init_state` / `step` generate with caches (when the strategy has a `step`)."""
+    levels = 1
+    """Boundary levels `learntok.draw` can draw (a two-level model, model.hier.HierLM, has 2)."""
 
     def __init__(self, cfg: ModelConfig, bcfg: BoundaryConfig):
         super().__init__()

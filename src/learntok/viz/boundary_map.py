@@ -27,23 +27,28 @@ def run_model(model, ids: torch.Tensor, flags: torch.Tensor | None = None, *, se
     return out.probs[0].float().cpu().numpy(), out.mask[0].cpu().numpy()
 
 
-def describe_mode(model, seed: int, greedy: bool) -> str:
+def describe_mode(model, seed: int, greedy: bool, level: int = 1) -> str:
     """Caption of how the boundaries of a map were drawn."""
     strategy = model.bcfg.boundaries
     how = {"score_function": "p = policy probability", "straight_through": "p = soft boundary probability",
            "prescribed": "prescribed boundaries (p = 0/1)", "random": "random boundaries"}[model.boundary.learns_by]
     draw = "greedy (a = [p > 0.5])" if greedy else f"sampled, seed {seed}"
+    if level == 2:
+        return f"{strategy}, second level: super-tokens over tokens, {how} at each token's first byte; {draw}"
     return f"{strategy}: {how}; boundaries {draw}"
 
 
-def compute_map(model, data: bytes, *, window: int, seed: int = EVAL_SEED, greedy: bool = False) -> BoundaryMap:
+def compute_map(model, data: bytes, *, window: int, seed: int = EVAL_SEED, greedy: bool = False,
+                level: int = 1) -> BoundaryMap:
     """The boundary map of `data` under `model`, drawn as learntok.draw.draw_text draws it: texts longer than
     `window` bytes (use seq_len - 1, the input length the model trained on) are read in overlapping windows, each
-    fed as BOS + a quarter window of context + its new bytes, one generator (seeded once) drawing them in turn."""
+    fed as BOS + a quarter window of context + its new bytes, one generator (seeded once) drawing them in turn.
+    level 2: a two-level model's super-token boundaries (p: the second level's at each token's first byte, 0 at
+    bytes that start no token)."""
     if not data:
         raise ValueError("nothing to show: the text is empty")
-    probs, mask = draw_text(model, data, window, seed=seed, greedy=greedy)
-    return BoundaryMap(list(data), probs.numpy(), mask.numpy(), describe_mode(model, seed, greedy))
+    probs, mask = draw_text(model, data, window, seed=seed, greedy=greedy, level=level)
+    return BoundaryMap(list(data), probs.numpy(), mask.numpy(), describe_mode(model, seed, greedy, level))
 
 
 def sequence_map(model, seq: torch.Tensor, flags: torch.Tensor | None = None, seed: int = EVAL_SEED,
