@@ -303,7 +303,8 @@ def readme_summary() -> str:
 
 
 def _fill(item: str) -> str:
-    """A README bullet wrapped at 115 columns, each of its lines (nested bullets) under its own marker."""
+    """A README bullet wrapped at 115 columns, each of its lines under its own marker (a nested bullet's
+    indented)."""
     return "\n".join(textwrap.fill(line, 115, subsequent_indent=" " * (len(line) - len(line.lstrip()) + 2),
                                     break_on_hyphens=False) for line in item.split("\n"))
 

@@ -614,6 +614,11 @@ def test_allocation_study_table_pairs_seeds_per_convention_and_budget(tmp_path):
     assert cells["flat"]["wall-clock"].startswith("-0.100 ± ")  # series b trained at wall-clock allocations
     assert ("Wall-clock: the flat model's seconds, each at its wall-clock width × depth (0.50–0.60× the FLOPs "
             "budget on this CPU).") in intro
+    c = [final(arm, seed, bpb, "time", series="c") for arm, seed, bpb in (
+        ("learned-ngrams", 0, 2.0), ("learned-ngrams", 1, 2.0), ("flat-ngrams", 0, 2.5), ("flat-ngrams", 1, 2.5))]
+    with_c = tmp_path / "with_c.jsonl"
+    records.write(with_c, [*records.load(path), *c])  # a later series, not at wall-clock allocations: not shown
+    assert _readme_table(alloc.study_table(with_c))[1]["flat"]["wall-clock"].startswith("-0.100 ± ")
     bpe = ["--arch", "token", "--bpe-vocab-size", "4096", "--d-model", "64", "--n-mid", "4", "--bpe-vocab-size", "2048"]
     records.write(path, [*records.load(path), final("learned", 0, 2.4), final("flat", 0, 2.3),
                          final("learned", 1, 2.45), final("flat", 1, 2.3),
@@ -642,15 +647,15 @@ def test_allocation_study_table_pairs_seeds_per_convention_and_budget(tmp_path):
     others = [final(arm, s, b) for arm, s, b in (("entropy-ngrams", 0, 2.1), ("entropy-ngrams", 1, 2.2),
                                                  ("hnet-ngrams", 0, 2.1))]
     records.write(path, [*records.load(path), *others])
-    _, cells = _readme_table(alloc.study_table(path))
+    assert "at fixed patches' allocation" not in intro
+    intro, cells = _readme_table(alloc.study_table(path))
     assert list(cells)[-1] == "entropy patches"  # hnet pairs one seed only: no row
+    assert " 6N leaves it out. Entropy patches: at fixed patches' allocation. Wall-clock: " in intro
     assert cells["entropy patches"]["total FLOPs"] == "-0.125 ± 0.318 (2) *tie*"
     retired = [{**r, "retired": {"now": ["--byte-window", "4"]}} if r["method"] == "learned" else r
                for r in records.load(path)]
     records.write(path, retired)
     assert alloc.study_table(path) is None  # every learned run retired: no pair left
-    assert alloc._and(["a", "b", "c"], of=3) == "all three" and alloc._and(["a", "b", "c"], of=4) == "a, b and c"
-    assert alloc._and(["a", "b"], of=2) == "a and b"
 
 
 def test_allocation_levers_pair_each_lever_over_seeds(tmp_path):

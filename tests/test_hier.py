@@ -325,6 +325,16 @@ def test_cli_trains_resumes_evaluates_and_generates(tmp_path, text_corpus, capsy
     assert main(["show", str(run), "--text", text, "--level", "2", "--color", "never"]) == 0
     shown = capsys.readouterr().out
     assert "second level" in shown and shown.splitlines()[0].replace("|", "") == text
+    from learntok.tokenizer import LearnedTokenizer
+
+    saved = LearnedTokenizer.from_pretrained(run, level=2).save_pretrained(tmp_path / "saved")
+    assert main(["segment", str(saved), "--text", text, "--format", "jsonl"]) == 0  # the saved level
+    assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == supers
+    assert main(["segment", str(run), "--text", text * 3, "--stats", "--level", "2"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["level"] == 2 and stats["tokens"] < len(tokens) * 3 and "shift" in stats["stability"]
+    assert main(["segment", str(run), "--text", text, "--level", "0"]) == 2
+    assert "levels count from 1" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("extra", "message"), [

@@ -1413,18 +1413,15 @@ WIDTH_CHOSEN = "x1 allocation or a width step wider, validation's choice"
 
 
 TABLE_METHODS = ("flat", "bpe-lm", "uniform", "whitespace", "bpe", "entropy", "hnet")
-"""The README table's rows, learned − each in this order (the last three at fixed patches' allocation)."""
+"""The README table's rows, learned − each in this order."""
+AT_UNIFORMS = ("bpe", "entropy", "hnet")
+"""The methods the study runs at fixed patches' allocation (no sweep of their own)."""
 NAMES = {"flat": "flat", "bpe-lm": "BPE transformer", "uniform": "fixed patches", "whitespace": "whitespace",
          "bpe": "BPE-guided boundaries", "entropy": "entropy patches", "hnet": "H-Net's chunker"}
 SHORT = {"flops-total": "FLOPs", "time": "clock", "flops-6n": "6N", "flops-6n-padded": "padded 6N"}
 COLUMN = {"flops-total": "total FLOPs", "time": "wall-clock", "flops-6n": "6N (the paper's)",
           "flops-6n-padded": "padded 6N"}
 """The README table's column for what a budget matched."""
-CONVENTION = {"flops-total": "matched total FLOPs (attention counted)",
-              "time": "matched wall-clock (the flat model's seconds)",
-              "flops-6n": "matched 6N (the paper's convention: attention free)",
-              "flops-6n-padded": "matched 6N with padded token slots"}
-
 Cell = tuple[str, list[int], dict]
 """learned − a method in one column: (clock series, paired seeds, paired t-interval)."""
 
@@ -1470,7 +1467,11 @@ def study_table(path: Path = RECORDS) -> str | None:
     intro = ("- Issue 30's study ([§8](docs/results.md#8-every-method-at-its-own-allocation)): learned − each method, "
              "test BPB on text no earlier screen read, mean ± 95 % t half-width over paired seeds (their number); "
              "negative: learned better. Each method at its allocation chosen on validation, with hashed byte n-grams "
-             "(but for *no n-grams*); the last three at fixed patches' allocation.")
+             "(but for *no n-grams*); total FLOPs count attention, the paper's 6N leaves it out.")
+    others = [NAMES[m] for m in AT_UNIFORMS if any(m in column for column in cells.values())]
+    if others:
+        said = _and(others)
+        intro += f" {said[0].upper()}{said[1:]}: at fixed patches' allocation."
     if (1.0, "time", False) in cells:
         series = {s for s, *_ in cells[1.0, "time", False].values()}
         intro += (" Wall-clock: the flat model's seconds" + (", each at its wall-clock width × depth"
@@ -1515,12 +1516,12 @@ def _at_stage_1(r: dict) -> bool:
     return given.get("--byte-window", "8") == "8" and float(given.get("--target-rate", RATE)) == RATE
 
 
-def _clock_flops(rows: list[dict], view: tuple[float, str], series: set[str] | None) -> str:
-    """What the seconds of a clock view bought: the range of its runs' (among `rows`) total FLOPs as a fraction of
-    the view's FLOPs budget (only `series`' runs, when given), since a clock result on a slow machine is also a
-    smaller budget; "" when no run recorded its FLOPs."""
+def _clock_flops(rows: list[dict], view: tuple[float, str], series: set[str]) -> str:
+    """What the seconds of a clock view bought: the range of its `series`' runs' (among `rows`) total FLOPs as a
+    fraction of the view's FLOPs budget, since a clock result on a slow machine is also a smaller budget; "" when
+    no run recorded its FLOPs."""
     got = [r["flops_total"] for r in rows if r.get("flops_total") and _budget_key(r)[:2] == view
-           and (series is None or r["budget"].get("series", "") in series)]
+           and r["budget"].get("series", "") in series]
     if not got:
         return ""
     ref = budget(view[0])  # builds a model: once a view, not once a run
@@ -1533,20 +1534,16 @@ def _name(arm: str) -> str:
     return NAMES.get(method, method)
 
 
-def _and(names: list[str], of: int = 0) -> str:
-    """`a`, `a and b`, `a, b and c`; "all three" (four, five) when the three or more `names` are all `of`."""
-    if 3 <= len(names) == of <= 5:
-        return "all " + ("three", "four", "five")[of - 3]
+def _and(names: list[str]) -> str:
+    """`a`, `a and b`, `a, b and c`."""
     return " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
 
 
 def summary(path: Path = HERE / "records-preset.jsonl") -> str | None:
-    """The README's line on issue 30: the study's once it has paired seeds, else the preset-allocation screen's
-    (one seed); None without either's records."""
+    """The README's line on issue 30 before the study has paired seeds (`study_table`): the preset-allocation
+    screen's (one seed); None without its records."""
     from learntok import records
 
-    if (table := study_table()) is not None:
-        return table
     rows = [r for r in records.load(path) if r["seed"] == 0]
     bpb = {r["arm"]: r["test"]["bpb"] for r in rows}
     needed = [f"{m}{v}" for m in ("learned", "flat", "bpe-lm", "uniform") for v in ("", "-ngrams")]

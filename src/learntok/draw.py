@@ -55,7 +55,9 @@ def check_level(model, level: int) -> int:
     """`level` if the model has that boundary level (1: tokens over bytes; 2: a two-level model's super-tokens
     over tokens, `--inner-layers`), else a ValueError naming what it has."""
     have = getattr(model, "levels", 1)
-    if level not in range(1, have + 1):
+    if level < 1:
+        raise ValueError(f"boundary level {level}: levels count from 1 (tokens over bytes)")
+    if level > have:
         raise ValueError(f"boundary level {level}: this model has " + ("one level (a second needs training with "
                          "--inner-layers N)" if have == 1 else f"levels 1 to {have}"))
     return level
@@ -93,7 +95,8 @@ def windows(n: int, window: int, context: int) -> list[tuple[int, int, int]]:
 def draw_texts(model, texts: list[bytes], window: int, *, seed: int = EVAL_SEED, greedy: bool = False,
                context: int | None = None, batch_size: int = 32, precision: str = "fp32", level: int = 1):
     """[(probs, mask)] per text, each (len(text),) on the CPU: boundaries drawn the evaluation way through the
-    encoder and the strategy only (the token level and decoder are not needed to place boundaries).
+    encoder and the strategy only (the token level and decoder are not needed to place boundaries; at level 2 the
+    inner token layers run too).
 
     A text is read in windows of `window` bytes, each fed as BOS + its bytes; every window after the first
     re-reads the `context` bytes before its new ones (default window // 4) and keeps only the new bytes'

@@ -133,8 +133,9 @@ class SegmentArgs:
     rate: float | None = None
     """Ask a learned policy for this boundary rate (boundaries per byte; calibrated if `learntok calibrate` ran)
     instead of its trained one."""
-    level: int = 1
-    """Boundary level: 2 segments a two-level model (trained with --inner-layers) into its super-tokens."""
+    level: int | None = None
+    """Boundary level: 2 segments a two-level model (trained with --inner-layers) into its super-tokens
+    (default: the level saved with an exported tokenizer, else 1)."""
 
 
 def cmd_segment(argv: list[str]) -> int:
@@ -144,15 +145,15 @@ def cmd_segment(argv: list[str]) -> int:
     streamed = a.file not in (None, "-") and a.text is None and not a.stats  # a file: read in blocks
     data = b"" if streamed else read_input(a.text, a.file)
     path = input_path(a.file) if streamed else None
-    more = {} if a.rate is None else {"rate": a.rate}
-    tok = LearnedTokenizer.from_pretrained(a.checkpoint, greedy=a.greedy, seed=a.seed, level=a.level, **more)
+    more = {k: v for k, v in (("rate", a.rate), ("level", a.level)) if v is not None}
+    tok = LearnedTokenizer.from_pretrained(a.checkpoint, greedy=a.greedy, seed=a.seed, **more)
     if a.stats:
         from learntok.evaluation.stability import chunk_stats, stability
 
         enc = tok.encode(data)
         report = {"bytes": len(data), "mode": "greedy" if a.greedy else f"sampled, seed {a.seed}",
-                  **chunk_stats(enc.token_lengths, [enc.boundaries], [data]),
-                  "stability": stability(tok.model, [data], tok.window - 1)}
+                  "level": tok.level, **chunk_stats(enc.token_lengths, [enc.boundaries], [data]),
+                  "stability": stability(tok.model, [data], tok.window - 1, level=tok.level)}
         text = json.dumps(report, indent=2).replace("NaN", "null") + "\n"
         Path(a.out).write_text(text) if a.out else sys.stdout.write(text)
         return 0

@@ -39,8 +39,8 @@ def _compare(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> dict:
     return {"flip_rate": flips / max(n, 1), "f1": prf(tp, fp, fn)["f1"], "positions": n}
 
 
-def _flags(model, texts: list[bytes], window: int) -> list[torch.Tensor]:
-    return [m for _, m in draw_texts(model, texts, window, greedy=True)]
+def _flags(model, texts: list[bytes], window: int, level: int = 1) -> list[torch.Tensor]:
+    return [m for _, m in draw_texts(model, texts, window, greedy=True, level=level)]
 
 
 def _variant(model, kind: str):
@@ -59,13 +59,15 @@ def _variant(model, kind: str):
     return model
 
 
-def stability(model, texts: list[bytes], window: int, *, shifts=SHIFTS, max_bytes: int = 65_536) -> dict:
-    """Boundary flips under shifted text and lower precision (greedy boundaries) on up to `max_bytes` of texts."""
+def stability(model, texts: list[bytes], window: int, *, shifts=SHIFTS, max_bytes: int = 65_536,
+              level: int = 1) -> dict:
+    """Boundary flips under shifted text and lower precision (greedy boundaries) on up to `max_bytes` of texts; at
+    `level` 2 a two-level model's super-token boundaries."""
     kept = [t for t in head_documents(texts, max_bytes) if len(t) > max(shifts) + 1]
-    base = _flags(model, kept, window)
+    base = _flags(model, kept, window, level)
     per_shift = {}
     for d in shifts:
-        moved = _flags(model, [t[d:] for t in kept], window)
+        moved = _flags(model, [t[d:] for t in kept], window, level)
         per_shift[d] = _compare([(b[d + 1:], m[1:]) for b, m in zip(base, moved)])
     out = {"mode": "greedy", "bytes": sum(len(t) for t in kept), "shifts": list(shifts),
            "shift": {"flip_rate": statistics.mean(r["flip_rate"] for r in per_shift.values()),
@@ -73,7 +75,7 @@ def stability(model, texts: list[bytes], window: int, *, shifts=SHIFTS, max_byte
                      "per_shift": {str(d): r for d, r in per_shift.items()}}}
     for kind in ("bf16", "int8"):
         try:
-            other = _flags(_variant(model, kind), kept, window)
+            other = _flags(_variant(model, kind), kept, window, level)
         except (RuntimeError, NotImplementedError, TypeError) as e:  # e.g. a kernel without bfloat16 on a device
             out[kind] = {"error": str(e).splitlines()[0][:200]}
             continue
