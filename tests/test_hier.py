@@ -335,6 +335,11 @@ def test_cli_trains_resumes_evaluates_and_generates(tmp_path, text_corpus, capsy
     assert stats["level"] == 2 and stats["tokens"] < len(tokens) * 3 and "shift" in stats["stability"]
     assert main(["segment", str(run), "--text", text, "--level", "0"]) == 2
     assert "levels count from 1" in capsys.readouterr().err
+    mean = []
+    for level in ("1", "2"):
+        assert main(["vocab", str(run), "--data", str(text_corpus), "--max-bytes", "4000", "--level", level]) == 0
+        mean.append(float(capsys.readouterr().out.split("; mean ")[1].split(" bytes")[0]))
+    assert mean[1] > mean[0]  # super-tokens are longer
 
 
 @pytest.mark.parametrize(("extra", "message"), [

@@ -205,6 +205,8 @@ class VocabArgs:
     """Bytes of the corpus to segment."""
     top: int = 30
     """Most frequent segments to list."""
+    level: int = 1
+    """Boundary level: 2 counts a two-level model's (trained with --inner-layers) super-tokens."""
 
 
 def cmd_vocab(argv: list[str]) -> int:
@@ -212,7 +214,7 @@ def cmd_vocab(argv: list[str]) -> int:
     from learntok.data import head_documents, iter_documents
     from learntok.segment import Segmenter, vocab_stats
 
-    seg = Segmenter.from_pretrained(a.checkpoint)
+    seg = Segmenter.from_pretrained(a.checkpoint, level=a.level)
     docs = head_documents((doc for _, doc in iter_documents(a.data, a.text_field)), a.max_bytes)
     total = sum(map(len, docs))
     stats = vocab_stats(docs, [seg.segment(d) for d in docs], top=a.top)
