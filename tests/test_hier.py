@@ -113,6 +113,34 @@ def test_uniform_second_level_groups_every_other_token():
     assert out.inner_boundaries.mask[0, :8].tolist() == [True, False] * 4
 
 
+# -- generation -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("strategy", ["learned", "uniform"])
+@pytest.mark.parametrize("pooling", ["auto", "mean"])
+def test_cached_steps_equal_the_full_pass(strategy, pooling):
+    """Byte by byte (byte levels cached, the token levels again at each new token): the full pass's first-level
+    boundaries and logits, on rows longer than the byte window."""
+    from .test_generate import _cached_and_full
+
+    m = build_model(strategy, None, {**HIER, "byte_window": 8}, pooling=pooling, target_rate=0.6).eval()
+    assert m.boundary.has_step
+    logits, bounds, full, state = _cached_and_full(m)
+    assert torch.equal(bounds, full.boundaries.mask)
+    torch.testing.assert_close(logits, full.logits, rtol=1e-4, atol=1e-4)
+    assert int(state.count.max()) > 16 and state.tok_x.shape[1] > 16  # the token store grew past its first size
+
+
+def test_cached_generation_generates_what_the_full_pass_generates():
+    from learntok.generation import generate
+
+    m = build_model("learned", None, HIER).eval()
+    prompts = ["The river ", "A"]  # ragged: rows gain tokens at different steps
+    cached = generate(m, prompts, 40, seed=3, temperature=0.8)
+    assert cached == generate(m, prompts, 40, seed=3, temperature=0.8, use_cache=False)
+    assert all(len(c) == 40 for c in cached)
+
+
 # -- drawing the second level (learntok.draw level 2: segment, show, the tokenizer) ----------------------------
 
 

@@ -77,7 +77,7 @@ def generate(model, prompts: list[str | bytes], max_new_bytes: int = 200, *, tem
     gen = torch.Generator(dev).manual_seed(seed)  # next-byte draws, on the logits' device
     if evaluates_greedily(model):
         noise.fill_(0.5)  # a_t = [p_t > 0.5]
-    state = model.init_state(B, noise) if use_cache and model.cached_generation and model.boundary.has_step else None
+    state = model.init_state(B, noise) if use_cache and model.boundary.has_step else None
     seqs = [[BOS, *p] for p in data]
     out: list[list[int]] = [[] for _ in range(B)]
     done = [False] * B

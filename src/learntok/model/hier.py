@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from learntok.boundaries import build_strategy
 from learntok.boundaries.base import BATCH_STATS, BatchSums, BoundaryOutput, StatsReducer, override_boundaries
 from learntok.boundaries.pooling import Tokens, distribute_add
-from learntok.model.lm import ByteLM, ModelOutput, matrix_count
+from learntok.model.lm import ByteLM, GenerationState, ModelOutput, matrix_count
 from learntok.nn.layers import Block, Packing, RMSNorm
 from learntok.vocab import IGNORE
 
@@ -59,6 +59,18 @@ def inner_uniforms(noise: torch.Tensor) -> torch.Tensor:
 def compose_uniforms(u1: torch.Tensor, u2: torch.Tensor) -> torch.Tensor:
     """Noise whose first-level uniforms are u1 to 12 bits and whose second-level ones are u2 (tests)."""
     return (torch.floor(u1 * SPLIT).clamp(max=SPLIT - 1) + torch.remainder(u2 - 0.5, 1.0)) / SPLIT
+
+
+@dataclasses.dataclass
+class HierState(GenerationState):
+    """`GenerationState` with each row's tokens so far (the token levels run again at each new token)."""
+
+    noise: torch.Tensor | None = None
+    """(B, T_total) the per-byte uniforms: the second level draws token j with its boundary byte's."""
+    tok_x: torch.Tensor | None = None
+    """(B,S,D) each row's token inputs so far (row b's token j in slot j; S grows as tokens arrive)."""
+    tok_pos: torch.Tensor | None = None
+    """(B,S) long: their boundary bytes' positions."""
 
 
 @dataclasses.dataclass
@@ -123,8 +135,6 @@ def unsupported(bcfg, compile: bool = False) -> list[str]:
 class HierLM(ByteLM):
     """The U-Net with a second boundary level between its token layers (module docstring)."""
 
-    cached_generation = False
-    """Generation recomputes the prefix for every byte (no caches across the second level yet)."""
     levels = 2
     """Boundary levels `learntok.draw` can draw (`super_boundaries`: the second)."""
 
@@ -168,10 +178,7 @@ class HierLM(ByteLM):
             noise = torch.full(ids.shape, 0.5, device=ids.device) if greedy else \
                 torch.rand(ids.shape, generator=generator, device=ids.device)
         x, out, tokens, size, packing, z, out2, rope = self._levels(ids, noise, generator, prescribed, boundaries)
-        supers = self.inner.downsample(z, out2, None)  # (B,K,D); pos: token indices
-        y2 = self._tokens(self.mid, supers.x, tokens.pos.gather(1, supers.pos), rope,
-                          Packing.from_counts(supers.count, supers.x.shape[1]))
-        y1 = self._tokens(self.inner_up, self.inner.upsample(y2, z, supers, out2), tokens.pos, rope, packing)
+        supers, y1 = self._above(z, out2, tokens.pos, rope, packing)
         h = self.boundary.upsample(y1, x, tokens, out)  # (B,T,D)
         for blk in self.up:
             h = self._block(blk, h, rope)
@@ -195,16 +202,29 @@ class HierLM(ByteLM):
         tokens = self.boundary.downsample(x, out, size)  # (B,M,D)
         if self.chunks is not None:
             tokens.x = tokens.x + self.chunks(ids, out.mask, tokens.pos).to(tokens.x.dtype)
-        M = tokens.x.shape[1]
-        real = torch.arange(M, device=ids.device)[None] < tokens.count[:, None]  # (B,M) real tokens
-        packing = Packing.from_counts(tokens.count, M) if size is None else None
-        z = self._tokens(self.inner_down, tokens.x, tokens.pos, rope, packing)  # (B,M,D)
-        # The second level over tokens, drawn with each token's boundary byte's uniform: a text's draws depend
-        # neither on its later bytes nor on the batch it sits in (greedy evaluation: 0.5 at both levels).
-        u2 = inner_uniforms(noise).gather(1, tokens.pos)  # (B,M)
-        out2 = self.inner.propose(z, real.long(), noise=u2, generator=None)
-        out2.mask = out2.mask & real  # padding is never a boundary (s_0 = 1 is real)
+        packing = Packing.from_counts(tokens.count, tokens.x.shape[1]) if size is None else None
+        z, out2 = self._second(tokens.x, tokens.pos, tokens.count, noise, rope, packing)
         return x, out, tokens, size, packing, z, out2, rope
+
+    def _second(self, tok_x, pos, count, noise, rope, packing):
+        """Token inputs (B,M,D) at byte positions pos (B,M), count (B,) real per row, through the inner layers
+        (z) and the second level's draw over them (out2), each token drawn with its boundary byte's uniform from
+        the per-byte `noise`: a text's draws depend neither on its later bytes nor on its batch (greedy
+        evaluation: 0.5 at both levels). Padding is never a boundary (s_0 = 1 is real)."""
+        real = torch.arange(tok_x.shape[1], device=tok_x.device)[None] < count[:, None]  # (B,M) real tokens
+        z = self._tokens(self.inner_down, tok_x, pos, rope, packing)  # (B,M,D)
+        u2 = inner_uniforms(noise).gather(1, pos)  # (B,M)
+        out2 = self.inner.propose(z, real.long(), noise=u2, generator=None)
+        out2.mask = out2.mask & real
+        return z, out2
+
+    def _above(self, z, out2, pos, rope, packing):
+        """Super-tokens (the mid layers over them) and back to tokens through the inner up layers: (supers, y1
+        (B,M,D))."""
+        supers = self.inner.downsample(z, out2, None)  # (B,K,D); pos: token indices
+        y2 = self._tokens(self.mid, supers.x, pos.gather(1, supers.pos), rope,
+                          Packing.from_counts(supers.count, supers.x.shape[1]))
+        return supers, self._tokens(self.inner_up, self.inner.upsample(y2, z, supers, out2), pos, rope, packing)
 
     def super_boundaries(self, ids: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The second level's decisions at the bytes of (B,T) ids, drawn with per-byte uniforms `noise` as
@@ -269,8 +289,38 @@ class HierLM(ByteLM):
 
     # -- one byte at a time --------------------------------------------------------------------------------
 
-    def init_state(self, batch, noise):
-        raise ValueError("a two-level model has no cached generation yet: generate recomputes each prefix")
+    def init_state(self, batch: int, noise: torch.Tensor) -> HierState:
+        """As `ByteLM.init_state`, without token caches: the byte levels step with their caches, and each new
+        token runs the token levels again over its row's tokens so far (`_step_tokens`)."""
+        base = super().init_state(batch, noise)
+        kept = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
+        dev = noise.device
+        return HierState(**{**kept, "mid": []}, noise=noise,
+                         tok_x=base.last_tok.new_zeros(batch, 16, self.cfg.d_model),
+                         tok_pos=torch.zeros(batch, 16, dtype=torch.long, device=dev))
+
+    def _step_tokens(self, tok_in: torch.Tensor, a_t: torch.Tensor, rope, state: HierState) -> torch.Tensor:
+        """The newest token's output (B,D) in the rows where a_t: its input joins the row's tokens, and the token
+        levels (inner layers, second level, mid, inner layers back) run over them as `forward` runs them. A
+        token costs the token levels over the tokens so far instead of one cached step; the bytes between
+        tokens cost the byte levels' cached step, as at one level."""
+        t, rows = state.pos, a_t.nonzero()[:, 0]
+        if int(state.count.max()) >= state.tok_x.shape[1]:
+            state.tok_x = F.pad(state.tok_x, (0, 0, 0, state.tok_x.shape[1]))
+            state.tok_pos = F.pad(state.tok_pos, (0, state.tok_x.shape[1] - state.tok_pos.shape[1]))
+        slot = state.count[rows]
+        state.tok_x[rows, slot] = tok_in[rows].to(state.tok_x.dtype)
+        state.tok_pos[rows, slot] = t
+        count = slot + 1
+        M = int(count.max())
+        x, pos = state.tok_x[rows, :M], state.tok_pos[rows, :M]
+        table = self._rope(torch.arange(t + 1, device=tok_in.device))
+        packing = Packing.from_counts(count, M)
+        z, out2 = self._second(x, pos, count, state.noise[rows, : t + 1], table, packing)
+        _, y1 = self._above(z, out2, pos, table, packing)
+        y = tok_in.new_zeros(tok_in.shape)
+        y[rows] = y1[torch.arange(len(rows), device=y1.device), slot].to(y.dtype)
+        return y
 
     # -- accounting ----------------------------------------------------------------------------------------
 

@@ -106,8 +106,6 @@ class GenerationState:
 
 
 class ByteLM(nn.Module):
-    cached_generation = True
-    """`init_state` / `step` generate with caches (when the strategy has a `step`)."""
     levels = 1
     """Boundary levels `learntok.draw` can draw (a two-level model, model.hier.HierLM, has 2)."""
 
@@ -399,22 +397,28 @@ class ByteLM(nn.Module):
             tok_in = tok_in + self.chunks.emb(state.chunk % self.chunks.table).to(tok_in.dtype)
             state.chunk_reset = a_t.clone()
         if bool(a_t.any()):
-            y = tok_in[:, None]  # (B,1,D)
-            if state.mid and int(state.count.max()) >= state.mid[0].size:
-                for cache in state.mid:
-                    cache.grow(cache.size)
-            for blk, cache in zip(self.mid, state.mid):
-                seen = torch.arange(cache.size, device=ids_t.device)[None] <= state.count[:, None]  # (B,S)
-                y = blk.step(y, rope, cache, state.count, seen)  # the row's tokens so far and the new one
-            # Rows without a boundary wrote a k/v at slot `count` that their next token overwrites; their
-            # count does not advance, so that slot stays outside their mask.
-            state.last_tok = self.boundary.step_token_output(y[:, 0], a_t, p_t, state.last_tok, state.boundary)
+            y = self._step_tokens(tok_in, a_t, rope, state)  # (B,D)
+            state.last_tok = self.boundary.step_token_output(y, a_t, p_t, state.last_tok, state.boundary)
             state.count = state.count + a_t.long()
         h = self.boundary.step_upsample(x[:, 0], state.last_tok)[:, None]  # (B,1,D) distribute-add, or a strategy's
         for blk, cache in zip(self.up, state.up):
             h = blk.step(h, rope, cache, slot, window)
         state.pos += 1
         return self._head(self.norm_out, self.head, h)[:, 0], a_t
+
+    def _step_tokens(self, tok_in: torch.Tensor, a_t: torch.Tensor, rope, state: GenerationState) -> torch.Tensor:
+        """The token level's output (B,D) for a new token tok_in (B,D) in the rows where a_t, through the token
+        layers' caches at byte position state.pos (rope: its tables); other rows' values are not used."""
+        y = tok_in[:, None]  # (B,1,D)
+        if state.mid and int(state.count.max()) >= state.mid[0].size:
+            for cache in state.mid:
+                cache.grow(cache.size)
+        for blk, cache in zip(self.mid, state.mid):
+            seen = torch.arange(cache.size, device=tok_in.device)[None] <= state.count[:, None]  # (B,S)
+            y = blk.step(y, rope, cache, state.count, seen)  # the row's tokens so far and the new one
+        # Rows without a boundary wrote a k/v at slot `count` that their next token overwrites; their count does
+        # not advance, so that slot stays outside their mask.
+        return y[:, 0]
 
     # -- accounting ----------------------------------------------------------------------------------------
 
