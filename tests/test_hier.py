@@ -134,7 +134,7 @@ def test_cached_steps_equal_the_full_pass(strategy, pooling):
 def test_cached_generation_generates_what_the_full_pass_generates():
     from learntok.generation import generate
 
-    m = build_model("learned", None, HIER).eval()
+    m = build_model("learned", None, HIER, target_rate=0.6).eval()  # about 30 tokens a row: the store grows
     prompts = ["The river ", "A"]  # ragged: rows gain tokens at different steps
     cached = generate(m, prompts, 40, seed=3, temperature=0.8)
     assert cached == generate(m, prompts, 40, seed=3, temperature=0.8, use_cache=False)
@@ -368,6 +368,8 @@ def test_cli_trains_resumes_evaluates_and_generates(tmp_path, text_corpus, capsy
         assert main(["vocab", str(run), "--data", str(text_corpus), "--max-bytes", "4000", "--level", level]) == 0
         mean.append(float(capsys.readouterr().out.split("; mean ")[1].split(" bytes")[0]))
     assert mean[1] > mean[0]  # super-tokens are longer
+    assert main(["vocab", str(saved), "--data", str(text_corpus), "--max-bytes", "4000"]) == 0  # the saved level
+    assert float(capsys.readouterr().out.split("; mean ")[1].split(" bytes")[0]) == mean[1]
 
 
 @pytest.mark.parametrize(("extra", "message"), [

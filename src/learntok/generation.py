@@ -3,7 +3,8 @@
     byte level   sliding-window KV cache per encoder/decoder layer: a ring buffer of `byte_window` slots
     boundary     the strategy's `step()` state (the learned policy keeps its last w boundaries)
     token level  KV cache per mid layer that grows only in rows where a boundary is drawn; each row keeps
-                 the output of its latest token, which every following byte adds back (distribute-add)
+                 the output of its latest token, which every following byte adds back (distribute-add); a
+                 two-level model (model.hier) runs its token levels again at each new token instead
 
 One step feeds one byte per row (all rows share the byte position, since every row starts at BOS; a row whose
 prompt is longer keeps feeding prompt bytes while shorter ones already sample). A test checks that the cached

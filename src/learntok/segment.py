@@ -45,9 +45,12 @@ class Segmenter:
 
     @classmethod
     def from_pretrained(cls, path: str | Path, **kw) -> Segmenter:
-        from learntok.pretrained import from_pretrained
+        """A model and the tokenizer settings saved beside it (greedy, seed, level: LearnedTokenizer's), overridden
+        by `kw` (greedy=, seed=, window=, level=)."""
+        from learntok.tokenizer import LearnedTokenizer
 
-        return cls(from_pretrained(path), **kw)
+        tok = LearnedTokenizer.from_pretrained(path, **kw)
+        return cls(tok.model, greedy=tok.greedy, seed=tok.seed, window=tok.window, level=tok.level)
 
     def boundaries(self, data: bytes) -> list[bool]:
         """One flag per byte of `data`: True where a segment starts."""

@@ -47,7 +47,7 @@ def input_path(file: str) -> Path:
 
 @dataclass(frozen=True, kw_only=True)
 class GenerateArgs:
-    """Continue prompts, streaming bytes as they are produced (cached at the byte and token levels)."""
+    """Continue prompts, streaming bytes as they are produced (cached generation: learntok.generation)."""
 
     checkpoint: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="[MODEL]")] = "enwiki-small"
     """Run, checkpoint or exported model directory, Hugging Face Hub id user/name, or a bundled model (enwiki-small
@@ -205,8 +205,9 @@ class VocabArgs:
     """Bytes of the corpus to segment."""
     top: int = 30
     """Most frequent segments to list."""
-    level: int = 1
-    """Boundary level: 2 counts a two-level model's (trained with --inner-layers) super-tokens."""
+    level: int | None = None
+    """Boundary level: 2 counts a two-level model's (trained with --inner-layers) super-tokens (default: the level
+    saved with an exported tokenizer, else 1)."""
 
 
 def cmd_vocab(argv: list[str]) -> int:
@@ -214,7 +215,7 @@ def cmd_vocab(argv: list[str]) -> int:
     from learntok.data import head_documents, iter_documents
     from learntok.segment import Segmenter, vocab_stats
 
-    seg = Segmenter.from_pretrained(a.checkpoint, level=a.level)
+    seg = Segmenter.from_pretrained(a.checkpoint, **({} if a.level is None else {"level": a.level}))
     docs = head_documents((doc for _, doc in iter_documents(a.data, a.text_field)), a.max_bytes)
     total = sum(map(len, docs))
     stats = vocab_stats(docs, [seg.segment(d) for d in docs], top=a.top)

@@ -301,26 +301,27 @@ class HierLM(ByteLM):
 
     def _step_tokens(self, tok_in: torch.Tensor, a_t: torch.Tensor, rope, state: HierState) -> torch.Tensor:
         """The newest token's output (B,D) in the rows where a_t: its input joins the row's tokens, and the token
-        levels (inner layers, second level, mid, inner layers back) run over them as `forward` runs them. A
-        token costs the token levels over the tokens so far instead of one cached step; the bytes between
+        levels (inner layers, second level, mid, inner layers back) run over every row's tokens so far as
+        `forward` runs them (all B rows, so a compiled attention kernel sees one batch size; other rows' values
+        are not used). A token costs the token levels over the tokens so far instead of one cached step (a
+        choice: per-layer token caches and the second level's own step would avoid it); the bytes between
         tokens cost the byte levels' cached step, as at one level."""
-        t, rows = state.pos, a_t.nonzero()[:, 0]
+        t, B = state.pos, tok_in.shape[0]
         if int(state.count.max()) >= state.tok_x.shape[1]:
             state.tok_x = F.pad(state.tok_x, (0, 0, 0, state.tok_x.shape[1]))
             state.tok_pos = F.pad(state.tok_pos, (0, state.tok_x.shape[1] - state.tok_pos.shape[1]))
-        slot = state.count[rows]
-        state.tok_x[rows, slot] = tok_in[rows].to(state.tok_x.dtype)
-        state.tok_pos[rows, slot] = t
-        count = slot + 1
+        rows = torch.arange(B, device=tok_in.device)
+        slot = state.count.clamp(max=state.tok_x.shape[1] - 1)
+        state.tok_x[rows, slot] = torch.where(a_t[:, None], tok_in.to(state.tok_x.dtype), state.tok_x[rows, slot])
+        state.tok_pos[rows, slot] = torch.where(a_t, t, state.tok_pos[rows, slot])
+        count = (state.count + a_t.long()).clamp(min=1)  # tokens per row (a row's first token is at BOS)
         M = int(count.max())
-        x, pos = state.tok_x[rows, :M], state.tok_pos[rows, :M]
+        x, pos = state.tok_x[:, :M], state.tok_pos[:, :M]
         table = self._rope(torch.arange(t + 1, device=tok_in.device))
         packing = Packing.from_counts(count, M)
-        z, out2 = self._second(x, pos, count, state.noise[rows, : t + 1], table, packing)
+        z, out2 = self._second(x, pos, count, state.noise[:, : t + 1], table, packing)
         _, y1 = self._above(z, out2, pos, table, packing)
-        y = tok_in.new_zeros(tok_in.shape)
-        y[rows] = y1[torch.arange(len(rows), device=y1.device), slot].to(y.dtype)
-        return y
+        return y1[rows, count - 1].to(tok_in.dtype)
 
     # -- accounting ----------------------------------------------------------------------------------------
 
