@@ -1419,9 +1419,6 @@ AT_UNIFORMS = ("bpe", "entropy", "hnet")
 NAMES = {"flat": "flat", "bpe-lm": "BPE transformer", "uniform": "fixed patches", "whitespace": "whitespace",
          "bpe": "BPE-guided boundaries", "entropy": "entropy patches", "hnet": "H-Net's chunker"}
 SHORT = {"flops-total": "FLOPs", "time": "clock", "flops-6n": "6N", "flops-6n-padded": "padded 6N"}
-COLUMN = {"flops-total": "total FLOPs", "time": "wall-clock", "flops-6n": "6N (the paper's)",
-          "flops-6n-padded": "padded 6N"}
-"""The README table's column for what a budget matched."""
 Cell = tuple[str, list[int], dict]
 """learned − a method in one column: (clock series, paired seeds, paired t-interval)."""
 
@@ -1484,7 +1481,7 @@ def study_table(path: Path = RECORDS) -> str | None:
                   + ".")
 
     def title(c: tuple[float, str, bool]) -> str:
-        return ("" if c[0] == 1 else f"{c[0]:g}× ") + COLUMN[c[1]] + (", *no n-grams*" if c[2] else "")
+        return ("" if c[0] == 1 else f"{c[0]:g}× ") + VIEWS[c[1]] + (", *no n-grams*" if c[2] else "")
 
     def text(cell: Cell | None) -> str:
         if cell is None:

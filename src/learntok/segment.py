@@ -40,8 +40,12 @@ class Segmenter:
                  level: int = 1):
         from learntok.tokenizer import LearnedTokenizer
 
-        self.tokenizer = LearnedTokenizer(model, greedy=greedy, seed=seed, window=window, level=level)
-        self.model, self.greedy, self.seed, self.window = self.tokenizer.model, greedy, seed, self.tokenizer.window
+        self._wrap(LearnedTokenizer(model, greedy=greedy, seed=seed, window=window, level=level))
+
+    def _wrap(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.model, self.greedy, self.seed, self.window = tokenizer.model, tokenizer.greedy, tokenizer.seed, \
+            tokenizer.window
 
     @classmethod
     def from_pretrained(cls, path: str | Path, **kw) -> Segmenter:
@@ -49,8 +53,9 @@ class Segmenter:
         by `kw` (greedy=, seed=, window=, level=)."""
         from learntok.tokenizer import LearnedTokenizer
 
-        tok = LearnedTokenizer.from_pretrained(path, **kw)
-        return cls(tok.model, greedy=tok.greedy, seed=tok.seed, window=tok.window, level=tok.level)
+        seg = cls.__new__(cls)  # the loaded tokenizer itself, not a second one over its model
+        seg._wrap(LearnedTokenizer.from_pretrained(path, **kw))
+        return seg
 
     def boundaries(self, data: bytes) -> list[bool]:
         """One flag per byte of `data`: True where a segment starts."""

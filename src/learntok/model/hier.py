@@ -131,7 +131,6 @@ def unsupported(bcfg, compile: bool = False) -> list[str]:
     return problems
 
 
-
 class HierLM(ByteLM):
     """The U-Net with a second boundary level between its token layers (module docstring)."""
 
