@@ -48,6 +48,7 @@ export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 # from tests/test_model.py (torch 2.11 once gave zeros there); eager runs the others and tests/test_flex.py.
 CORE="waits_for_the_device_once or flex_backend_trains or no_graph_break or sampling_and_segmenting"
 CORE="$CORE or rmsnorm_gradients_are_the_same_under_torch_compile"
+CORE="$CORE or two_level_model_trains"
 # Each test's own limit comes with --timeout (pytest-timeout) and 4 workers (pytest-xdist), both in the GPU
 # image (KINDS.md of the device tool; carry them as wheels elsewhere); compilation is CPU-bound; -v prints each outcome as
 # it comes (a part cut off keeps them), -rA the output of passing tests too (loss curves, sync sites).

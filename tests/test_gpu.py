@@ -159,6 +159,24 @@ def test_flex_backend_trains_like_the_eager_backend(corpus, tmp_path, strict_fp3
     assert losses["flex"] == pytest.approx(losses["eager"], abs=1e-3)
 
 
+def test_a_two_level_model_trains_and_generates_on_the_device(corpus, tmp_path, strict_fp32):
+    """The hierarchy (--inner-layers) on the device: with FlexAttention (the CUDA default) it trains like the
+    eager backend, both levels' policies included, and its cached steps (byte levels cached, the token levels
+    again at each new token) give the full forward pass's boundaries and logits."""
+    hier = dict(inner_layers=1, inner_rate=0.5)
+    losses = {}
+    for backend in ("eager", "flex") if CUDA else ("eager",):
+        model = tiny_model(attn_backend=backend, attn_softcap=50.0, **hier)
+        train(tiny_train_config(tmp_path / backend, corpus, model=model, max_steps=20, device=DEVICE,
+                                precision="fp32"), log=lambda *_: None)
+        losses[backend] = _losses(tmp_path / backend)
+    assert losses["eager"][-1] < losses["eager"][0]
+    if CUDA:
+        assert losses["flex"] == pytest.approx(losses["eager"], abs=1e-3)
+    m = build_model("learned", tmp_path, {**hier, "byte_window": 8}, target_rate=0.6).eval()
+    assert_cached_steps_equal_full_forward(m, DEVICE)
+
+
 @pytest.mark.skipif(not CUDA, reason="sync debug mode is a CUDA feature")
 def test_a_bucketed_training_step_waits_for_the_device_once():
     """With --token-bucket a step's forward, backward and fused AdamW make one synchronising call, the read of
