@@ -11,10 +11,10 @@
 #   bench/gpu_session.sh memory   # one compiled paper-147m learned step at micro-batch 8 and 16: time, peak memory
 #   bench/gpu_session.sh eager    # eager paper-147m rows and peak memory at 8 and 16; the remaining CUDA tests
 #
-# Sizes from the two GPU runs (H200, torch 2.11, 2026-11-28 and -29): inductor takes 40-80 s per paper-147m graph,
+# Sizes from the GPU runs (H200, torch 2.11, 2026-11-28 to -30): inductor takes 40-80 s per paper-147m graph,
 # and each replayed step of a learned runner lands in its own token bucket (the policy's rate moves fast in the
 # first updates), so a stage affords about one graph per minute: --steps 1 in memory, 2 in bench. A fresh machine
-# started in about 30 s; bench took 350 s, eager 226 s, so a 15-minute loan runs smoke and bench (the checks
+# started in about 30 s; smoke took 86 s, bench 350-400 s, eager 226 s, so a 15-minute loan runs smoke and bench (the checks
 # and speed that change with the code), then memory or eager if time is left; run them back to back (the
 # machine stays warm 30 s after a call). The machine needs no network: the script runs from the
 # checkout (PYTHONPATH=src) with the machine's own PyTorch (torch 2.11 on Python 3.12 there, not this project's
