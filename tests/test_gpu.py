@@ -177,6 +177,29 @@ def test_a_two_level_model_trains_and_generates_on_the_device(corpus, tmp_path, 
     assert_cached_steps_equal_full_forward(m, DEVICE)
 
 
+def test_a_compiled_two_level_model_matches_eager_with_no_graph_break(corpus, tmp_path, monkeypatch, strict_fp32):
+    """--compile with --inner-layers (block by block: inductor on CUDA, dynamo's eager backend on CPU): 0 graph
+    breaks and the eager run's losses."""
+    from torch._dynamo.utils import counters
+
+    from learntok.model.hier import HierLM
+
+    if not CUDA:
+        real = HierLM.compile_stages
+        monkeypatch.setattr(HierLM, "compile_stages", lambda self, **o: real(self, backend="eager", **o))
+    losses = []
+    counters.clear()
+    for compiled in (False, True):
+        out = tmp_path / f"run-{compiled}"
+        train(tiny_train_config(out, corpus, model=tiny_model(inner_layers=1, inner_rate=0.5), compile=compiled,
+                                max_steps=20, device=DEVICE, precision="fp32"), log=lambda *_: None)
+        losses.append(_losses(out))
+    breaks = sum(counters["graph_break"].values())
+    torch._dynamo.reset()
+    assert breaks == 0
+    assert losses[1] == pytest.approx(losses[0], abs=2e-3 if CUDA else 1e-5)
+
+
 @pytest.mark.skipif(not CUDA, reason="sync debug mode is a CUDA feature")
 def test_a_bucketed_training_step_waits_for_the_device_once():
     """With --token-bucket a step's forward, backward and fused AdamW make one synchronising call, the read of

@@ -53,6 +53,10 @@ def test_packed_token_levels_equal_padded(strategy):
     torch.testing.assert_close(outs[0].logits, outs[1].logits, rtol=0, atol=1e-5)
     torch.testing.assert_close(outs[0].loss, outs[1].loss, rtol=0, atol=1e-5)
     assert torch.equal(outs[0].n_super, outs[1].n_super)
+    padded = outs[1]  # the super-token level is bucketed too: its count rounded up to 16, at most the token slots
+    assert outs[0].super_slots is None
+    assert padded.super_slots == min(-(-int(padded.n_super.max()) // 16) * 16, padded.token_slots)
+    assert int(padded.n_super.min()) < padded.super_slots
 
 
 def test_second_level_uniforms_are_the_low_bits():
@@ -139,6 +143,31 @@ def test_cached_generation_generates_what_the_full_pass_generates():
     cached = generate(m, prompts, 40, seed=3, temperature=0.8)
     assert cached == generate(m, prompts, 40, seed=3, temperature=0.8, use_cache=False)
     assert all(len(c) == 40 for c in cached)
+
+
+def test_compiled_training_matches_eager_with_no_graph_break(tmp_path, text_corpus, monkeypatch):
+    """--compile on a two-level model compiles block by block (its step reads two bucketed counts, which would
+    break a stage's graph): dynamo (its eager backend here) breaks no graph, compiles a few graphs per block, not
+    one per step, and the run's losses are the uncompiled run's."""
+    from torch._dynamo.utils import counters
+
+    from learntok.model.hier import HierLM
+    from learntok.train import train
+
+    from .conftest import tiny_train_config
+
+    real = HierLM.compile_stages
+    monkeypatch.setattr(HierLM, "compile_stages", lambda self, **o: real(self, backend="eager", **o))
+    counters.clear()
+    losses = {}
+    for compiled in (False, True):
+        out = tmp_path / f"run-{compiled}"
+        train(tiny_train_config(out, text_corpus, model=tiny_model(**HIER), compile=compiled), log=lambda *_: None)
+        losses[compiled] = _logged(out, "loss/auto")
+    torch._dynamo.reset()
+    assert sum(counters["graph_break"].values()) == 0
+    assert 1 <= counters["stats"]["unique_graphs"] <= 5 * 4  # at most a graph per (block, bucket, grad mode): 4 here
+    assert len(losses[False]) == 6 and losses[True] == pytest.approx(losses[False], abs=1e-5)
 
 
 # -- drawing the second level (learntok.draw level 2: segment, show, the tokenizer) ----------------------------
@@ -374,7 +403,7 @@ def test_cli_trains_resumes_evaluates_and_generates(tmp_path, text_corpus, capsy
 
 @pytest.mark.parametrize(("extra", "message"), [
     (["--boundaries", "whitespace"], "--inner-layers needs --boundaries learned or uniform"),
-    (["--compile"], "--compile does not support --inner-layers"),
+    (["--rate-range", "0.1", "0.3"], "--inner-layers does not combine with --rate-range"),
     (["--inner-rate", "1.5"], "inner_rate in (0, 1)"),
 ])
 def test_bad_hierarchies_are_one_line(tmp_path, capsys, extra, message):

@@ -113,21 +113,15 @@ def _pad_columns(out: BoundaryOutput, T: int) -> BoundaryOutput:
     return dataclasses.replace(out, **changes)
 
 
-COMPILE = ("--compile does not support --inner-layers yet (its second level reads a token count mid-step): train "
-           "eagerly")
-
-
-def unsupported(bcfg, compile: bool = False) -> list[str]:
-    """What a two-level model cannot run with these boundary options (and --compile): one line each, empty if
-    nothing. The config check (before any work) and the model's constructor both ask it."""
+def unsupported(bcfg) -> list[str]:
+    """What a two-level model cannot run with these boundary options: one line each, empty if nothing. The config
+    check (before any work) and the model's constructor both ask it."""
     problems = []
     if bcfg.boundaries not in INNER_STRATEGIES:
         problems.append(f"--inner-layers needs --boundaries {' or '.join(INNER_STRATEGIES)} (its second level uses "
                         f"the first's strategy), got {bcfg.boundaries}")
     if getattr(bcfg, "rate_range", None) is not None:
         problems.append("--inner-layers does not combine with --rate-range yet")
-    if compile:
-        problems.append(COMPILE)
     return problems
 
 
@@ -161,9 +155,17 @@ class HierLM(ByteLM):
             self.head_early2.weight.copy_(self.head.weight)
 
     def compile_stages(self, **options) -> None:
-        raise ValueError(COMPILE)
+        """--compile for a two-level model: each transformer block compiled on its own (`compile_blocks`), not
+        whole stages. Its step reads two counts from the device, the token and the super-token buckets, and a
+        stage graph would break at the second; blocks hold the attention and MLP kernels either way."""
+        self.compile_blocks(**options)
 
-    compile_blocks = compile_stages
+    def compile_blocks(self, **options) -> None:
+        """As `ByteLM.compile_blocks`, the inner layers' blocks included; both token levels keep static shapes
+        (COMPILE_BUCKET unless --token-bucket is given)."""
+        options = self._static_shapes({"fullgraph": True, **options})
+        for blk in [*self.down, *self.inner_down, *self.mid, *self.inner_up, *self.up]:
+            blk.compile(**options)
 
     # -- whole sequences -----------------------------------------------------------------------------------
 
@@ -182,7 +184,8 @@ class HierLM(ByteLM):
         for blk in self.up:
             h = self._block(blk, h, rope)
         result = ModelOutput(logits=self._head(self.norm_out, self.head, h), boundaries=out, n_tokens=tokens.count,
-                             token_slots=size, n_super=supers.count, inner_boundaries=out2)
+                             token_slots=size, n_super=supers.count, inner_boundaries=out2,
+                             super_slots=supers.x.shape[1] if self.token_bucket else None)
         if targets is not None:
             self._losses(result, x, targets, _level_reducer(batch_stats, 0))
             self._inner_losses(result, x, z, tokens, out2, targets, _level_reducer(batch_stats, 1))
@@ -219,10 +222,12 @@ class HierLM(ByteLM):
 
     def _above(self, z, out2, pos, rope, packing):
         """Super-tokens (the mid layers over them) and back to tokens through the inner up layers: (supers, y1
-        (B,M,D))."""
-        supers = self.inner.downsample(z, out2, None)  # (B,K,D); pos: token indices
+        (B,M,D)). Under --token-bucket the super-token level is padded to a bucket too (static shapes), else
+        packed to the real super-tokens."""
+        size = self.token_slots(out2.mask)
+        supers = self.inner.downsample(z, out2, size)  # (B,K,D); pos: token indices
         y2 = self._tokens(self.mid, supers.x, pos.gather(1, supers.pos), rope,
-                          Packing.from_counts(supers.count, supers.x.shape[1]))
+                          None if size else Packing.from_counts(supers.count, supers.x.shape[1]))
         return supers, self._tokens(self.inner_up, self.inner.upsample(y2, z, supers, out2), pos, rope, packing)
 
     def super_boundaries(self, ids: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -62,6 +62,8 @@ class ModelOutput:
     """Token-level length per sequence under --token-bucket (static shapes), None when packed."""
     n_super: torch.Tensor | None = None
     """(B,) super-tokens per sequence at a second boundary level (--inner-layers), else None."""
+    super_slots: int | None = None
+    """Super-token level length per sequence under --token-bucket (--inner-layers), None when packed."""
     inner_boundaries: BoundaryOutput | None = None
     """The second level's draw, over token slots (B,M) (--inner-layers), else None."""
     batch_stats: BatchSums | None = None

@@ -437,7 +437,8 @@ def train_step(run: Run, step: int) -> tuple[StepCounts, str]:
         pairs.append((n * (n + 1)).sum() // 2)  # causal token attention's query-key pairs
         if out.n_super is not None:
             s = out.n_super
-            supers.append(torch.stack([s.sum(), s.numel() * s.max(), (s * (s + 1)).sum() // 2]))
+            width = s.max() if out.super_slots is None else s.new_tensor(out.super_slots)  # padded: the bucket
+            supers.append(torch.stack([s.sum(), s.numel() * width, (s * (s + 1)).sum() // 2]))
         losses.append(out.loss.detach())
         if out.batch_stats is not None:
             local.append(out.batch_stats)
