@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from learntok.cli import main
@@ -38,6 +39,8 @@ def test_diagnose_command_writes_its_table(tmp_path, text_corpus, capsys):
     rows = json.loads((run / "diagnose-init" / "variance.json").read_text())["rows"]
     assert len(rows) == 2 * len(variant_names(0.99))  # policy and encoder groups
     assert main(["diagnose", "variance", str(run), "--samples", "1"]) == 2
+    assert main(["diagnose", "variance", str(run), "--level", "2"]) == 2
+    assert "--level 2, but" in capsys.readouterr().err
 
 
 def test_snr_is_corrected_for_the_noise_in_the_mean():
@@ -71,9 +74,41 @@ def test_a_model_with_a_value_head_is_measured_with_its_baseline_too():
     g = torch.Generator().manual_seed(1)
     logp, early, value = (-torch.rand(4, 16, generator=g) for _ in range(3))
     keep = torch.rand(4, 16, generator=g) > 0.3
-    centred = _advantages("centred", logp, early, keep, 0.9)
-    with_value = _advantages("value", logp, early, keep, 0.9, value)
+    r, total = (logp - early) * keep, (logp * keep).sum(1)
+    centred = _advantages("centred", r, total, keep, 0.9)
+    with_value = _advantages("value", r, total, keep, 0.9, value)
     torch.testing.assert_close(with_value, centred - batch_relative_advantage(value, keep))
     assert not torch.allclose(with_value, centred)
     same = value[:1].expand(4, 16)
-    torch.testing.assert_close(_advantages("value", logp, early, keep, 0.9, same), centred)
+    torch.testing.assert_close(_advantages("value", r, total, keep, 0.9, same), centred)
+
+
+def test_the_second_level_is_measured_with_the_estimator_its_training_loss_uses(monkeypatch):
+    """--level 2 on a two-level model: per-token decisions, rewarded with the return its own loss credits them
+    (the bytes reading each token back, against the second early exit): on one draw the run's estimator points
+    exactly against the gradient of the model's second-level policy loss."""
+    from learntok.evaluation.variance import _advantages, _decisions
+
+    model = build_model("learned", None, {"inner_layers": 1, "inner_rate": 0.5}, policy_window=0, gamma=0.9)
+    g = torch.Generator().manual_seed(0)
+    batch = torch.randint(32, 127, (4, 49), generator=g)
+    batch[:, 0] = BOS
+    rows, info = policy_gradient_variance(model, batch, samples=4, reference_factor=2, level=2)
+    assert info["level"] == 2 and [r.name for r in rows] == 2 * variant_names(0.9)
+    params = [p for p in model.inner.parameters() if p.requires_grad]
+    assert info["groups"]["policy"] == sum(p.numel() for p in params)
+
+    captured = {}
+    real = model.inner.losses
+    monkeypatch.setattr(model.inner, "losses", lambda *a, **k: captured.setdefault("aux", real(*a, **k)))
+    ids, targets = batch[:, :-1], batch[:, 1:]
+    out = model(ids, targets, noise=torch.rand(ids.shape, generator=g))
+    bo, r, total, keep = _decisions(out, targets, 2)
+    assert bo is out.inner_boundaries and keep.sum() > 4 and r.shape == bo.mask.shape
+    adv = _advantages("normalised" if model.bcfg.normalize_advantage else "centred", r, total, keep, 0.9)
+    ours = torch.autograd.grad((bo.log_prob * adv * keep).sum(), params, retain_graph=True)
+    theirs = torch.autograd.grad(captured["aux"]["loss/policy"], params)
+    flat = [torch.cat([x.flatten() for x in xs]) for xs in (ours, theirs)]
+    assert float(torch.nn.functional.cosine_similarity(*flat, dim=0)) < -0.9999
+    with pytest.raises(ValueError, match="--level 2"):
+        policy_gradient_variance(build_model("learned", policy_window=0), batch, samples=2, level=2)

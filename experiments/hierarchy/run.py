@@ -3,6 +3,7 @@ total FLOPs, learned and fixed boundaries (docs/results.md will carry the readin
 
     python experiments/hierarchy/run.py run --data DATA/enwiki --out runs/hierarchy --bytes 6e6 --seeds 0 1 2
     python experiments/hierarchy/run.py report                     # the paired table from the records
+    python experiments/hierarchy/run.py variance --out runs/hierarchy  # each level's policy-gradient SNR
 
 The arms (experiments/arms.py) are the `small` preset at target rate 0.2: `hier1-learned` / `hier1-uniform` with
 its three token layers, `hier2-learned` / `hier2-uniform` with one inner layer on each side of one mid layer over
@@ -17,7 +18,9 @@ time: run nothing else on the machine meanwhile only if you read its seconds.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -25,6 +28,8 @@ import arms  # noqa: E402  (experiments/arms.py)
 
 HERE = Path(__file__).resolve().parent
 RECORDS = HERE / "records.jsonl"
+VARIANCE = HERE / "records-variance.jsonl"
+"""The two-level learned runs' policy gradients at each level (`variance`), one record per (seed, level, state)."""
 ARMS = ["hier1-learned", "hier2-learned", "hier1-uniform", "hier2-uniform"]
 PAIRS = [("hier2-learned", "hier1-learned"), ("hier2-uniform", "hier1-uniform"), ("hier2-learned", "hier2-uniform"),
          ("hier1-learned", "hier1-uniform")]
@@ -53,6 +58,76 @@ def cmd_backfill(args) -> None:
     records.write(path, rows)
 
 
+def cmd_variance(args) -> None:
+    """Why does the second level's policy not learn? On each trained `hier2-learned` run (and its initialisation),
+    the policy gradient's variance and SNR at both levels (learntok.evaluation.variance, the run's estimator
+    among the others), on the first --batch-size validation sequences; a record per (seed, level, state)."""
+    import torch
+
+    from learntok import records
+    from learntok.checkpoint import load_run
+    from learntok.data import ByteSequences, load_split
+    from learntok.evaluation.variance import policy_gradient_variance
+    from learntok.model import build_model
+
+    torch.set_num_threads(args.threads)
+    done = {(r["seed"], r["arm"]) for r in records.load(args.variance)}
+    for r in arms.load_results(Path(args.results))["arms"]:
+        if r["arm"] != "hier2-learned" or r["seed"] not in args.seeds:
+            continue
+        run = Path(args.out) / Path(r["command"].split(" --out ")[1].split()[0]).name
+        for state in ("trained", "init"):
+            for level in (1, 2):
+                arm = f"hier2-learned/level{level}/{state}"
+                if (r["seed"], arm) in done:
+                    continue
+                cfg, model = load_run(run)
+                if state == "init":
+                    torch.manual_seed(cfg.seed)
+                    model = build_model(cfg.model, cfg.boundary)
+                _, docs = load_split(cfg.data, "val")
+                batch = torch.from_numpy(ByteSequences(docs, cfg.data.seq_len, cfg.data.pack).batch(
+                    range(args.batch_size)))
+                t0 = time.perf_counter()
+                rows, info = policy_gradient_variance(model, batch, samples=args.samples, level=level,
+                                                      reference_factor=args.reference_factor, seed=0)
+                print(f"{arm} seed {r['seed']}: {time.perf_counter() - t0:.0f} s", flush=True)
+                command = ["python", "experiments/hierarchy/run.py", "variance", "--out", args.out, "--seeds",
+                           r["seed"], "--samples", args.samples, "--batch-size", args.batch_size,
+                           "--reference-factor", args.reference_factor]
+                records.append(args.variance, records.make(
+                    "hierarchy", arm, r["seed"], command=command, run=str(run), level=level, state=state,
+                    variance={**info, "rows": [dataclasses.asdict(x) for x in rows]}))
+
+
+def variance_table(path: Path = VARIANCE) -> str:
+    """The policy gradient's SNR at each level (mean over seeds, and per seed): the run's estimator and the
+    batch-centred one with gamma 1; the batches one SNR-1 signal takes."""
+    from learntok import records
+
+    rows = records.load(path)
+    if not rows:
+        return ""
+    lines = ["| level | state | seeds | SNR, run's estimator (normalised), per seed | batches for SNR 1 | "
+             "SNR, centred, γ = 1 | policy parameters |", "|---|---|---|---|---|---|---|"]
+    for level in (1, 2):
+        for state in ("init", "trained"):
+            rs = sorted((r for r in rows if r["level"] == level and r["state"] == state), key=lambda r: r["seed"])
+            if not rs:
+                continue
+
+            def snr(r, name):
+                return next(x["snr"] for x in r["variance"]["rows"] if x["group"] == "policy" and x["name"] == name)
+
+            run = [snr(r, "normalised") for r in rs]
+            mean = sum(run) / len(run)
+            need = f"{1 / mean:.0f}" if mean > 0 else "no signal"
+            lines.append(f"| {level} | {state} | {len(rs)} | {mean:.4f} ({', '.join(f'{x:.4f}' for x in run)}) | "
+                         f"{need} | {sum(snr(r, 'centred, gamma=1') for r in rs) / len(rs):.4f} | "
+                         f"{rs[0]['variance']['groups']['policy']:,} |")
+    return "\n".join(lines) + "\n"
+
+
 def report(path: Path = RECORDS) -> str:
     """Per arm: seeds, mean test BPB, realised rate and super-token count; then the paired differences."""
     rows = arms.load_results(path)["arms"] if path.exists() else []
@@ -75,7 +150,8 @@ def report(path: Path = RECORDS) -> str:
             lines.append(f"| {r['seed']} | {t['boundary/inner_neg_log_pi']:.4f} | {t['boundary/inner_rate']:.3f} | "
                          f"{t['loss/early2']:.4f} | {t['loss/early']:.4f} | "
                          f"{max(r['test']['f1_by_shift'].values()):.3f} |")
-    return "\n".join(lines) + "\n"
+    table = variance_table(path.with_name(VARIANCE.name))
+    return "\n".join(lines) + "\n" + ("\n" + table if table else "")
 
 
 def cmd_report(args) -> None:
@@ -94,10 +170,18 @@ def main() -> None:
     rp = sub.add_parser("report", help="the paired table from the records")
     bf = sub.add_parser("backfill", help="add the last training window's figures to older records")
     bf.add_argument("--out", default="runs/hierarchy")
-    for p in (rn, rp, bf):
+    va = sub.add_parser("variance", help="each level's policy-gradient SNR on the trained two-level runs")
+    va.add_argument("--out", default="runs/hierarchy", help="where the runs are")
+    va.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    va.add_argument("--samples", type=int, default=64, help="boundary draws per estimator")
+    va.add_argument("--reference-factor", type=int, default=4, help="reference draws per sample")
+    va.add_argument("--batch-size", type=int, default=8)
+    va.add_argument("--threads", type=int, default=1, help="CPU threads (1: leave a core to other work)")
+    va.add_argument("--variance", default=str(VARIANCE), help="its records file")
+    for p in (rn, rp, bf, va):
         p.add_argument("--results", default=str(RECORDS), help="the records file")
     args = ap.parse_args()
-    {"run": cmd_run, "report": cmd_report, "backfill": cmd_backfill}[args.command](args)
+    {"run": cmd_run, "report": cmd_report, "backfill": cmd_backfill, "variance": cmd_variance}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,8 @@ by sampling the boundaries of one fixed held-out batch again and again. Writes v
 
 examples:
   learntok diagnose variance runs/small                  # the trained model
-  learntok diagnose variance runs/small --init           # the same model at initialisation"""
+  learntok diagnose variance runs/small --init           # the same model at initialisation
+  learntok diagnose variance runs/two-level --level 2    # a two-level model's second level"""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -36,8 +37,10 @@ class DiagnoseArgs:
     """Held-out sequences in the batch (default: the run's per-update batch is usual)."""
     seed: int = 0
     """Seed of the boundary draws."""
+    level: int = 1
+    """Boundary level: 2 measures a two-level model's second level (--inner-layers), its decisions per token."""
     out: str | None = None
-    """Directory for variance.json / variance.png (default: RUN_DIR/diagnose[-init])."""
+    """Directory for variance.json / variance.png (default: RUN_DIR/diagnose[-init][-level2])."""
 
     def __post_init__(self) -> None:
         if self.samples < 2 or self.batch_size < 2:
@@ -54,6 +57,10 @@ def cmd_diagnose(argv: list[str]) -> int:
     from learntok.model import build_model
 
     cfg, model = load_run(a.run)
+    levels = getattr(model, "levels", 1)
+    if a.level not in range(1, levels + 1):
+        raise UsageError(f"learntok diagnose variance: --level {a.level}, but {a.run} has {levels} boundary "
+                         f"level{'s' if levels > 1 else ''}")
     if model.boundary.learns_by != "score_function":
         raise UsageError(f"learntok diagnose variance: {a.run} trains --boundaries {cfg.boundary.boundaries}, which "
                          "has no policy gradient")
@@ -65,11 +72,12 @@ def cmd_diagnose(argv: list[str]) -> int:
     if len(seqs) < a.batch_size:
         raise UsageError(f"the validation split has {len(seqs)} sequences, fewer than --batch-size {a.batch_size}")
     batch = torch.from_numpy(seqs.batch(range(a.batch_size)))
-    rows, info = policy_gradient_variance(model, batch, samples=a.samples, seed=a.seed)
+    rows, info = policy_gradient_variance(model, batch, samples=a.samples, seed=a.seed, level=a.level)
     table = format_table(rows, info)
     print(f"{a.run} ({'initialisation' if a.init else 'trained'})\n{table}")
     run_dir = Path(a.run) if (Path(a.run) / "config.json").exists() else Path(a.run).parent
-    out = Path(a.out) if a.out else run_dir / ("diagnose-init" if a.init else "diagnose")
+    name = ("diagnose-init" if a.init else "diagnose") + ("" if a.level == 1 else f"-level{a.level}")
+    out = Path(a.out) if a.out else run_dir / name
     out.mkdir(parents=True, exist_ok=True)
     (out / "variance.json").write_text(json.dumps({"run": a.run, "init": a.init, **info,
                                                    "rows": [asdict(r) for r in rows]}, indent=1) + "\n")

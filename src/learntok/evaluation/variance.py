@@ -32,6 +32,11 @@ controls in test_a_baseline_that_sees_the_decision_or_the_future_changes_the_exp
 (test_discounting_is_the_expectation_of_its_own_estimator_not_the_gradient) and normalisation
 (test_normalisation_bends_the_direction_less_in_larger_batches); to-go minus a fixed baseline is exactly the
 gradient there (test_a_lagged_batch_mean_is_an_unbiased_baseline); naive and relative are not in `losses`.
+
+A two-level model's second level (`level=2`, --inner-layers) is measured the same way over its decisions per
+token: R_j, the sum of log p - log p_early2 over the bytes that read token j back (the reward its training loss
+uses, the second early exit reading the hierarchy without its second level), discounted per token; "naive" is the
+row's log-likelihood, "encoder" the inner layers below its policy.
 """
 
 from __future__ import annotations
@@ -62,14 +67,13 @@ class VariantStats:
     """||mean|| / ||reference||."""
 
 
-def _advantages(name: str, logp: torch.Tensor, early: torch.Tensor, keep: torch.Tensor, gamma: float,
+def _advantages(name: str, r: torch.Tensor, total: torch.Tensor, keep: torch.Tensor, gamma: float,
                 value: torch.Tensor | None = None) -> torch.Tensor:
-    """(B,T) advantages of variant `name` from per-position log-likelihoods (B,T) of both heads (and, for
-    "value", the baseline V(X_t) (B,T))."""
-    kf = keep.float()
-    r = (logp - early) * kf
+    """(B,N) advantages of variant `name` for N decisions per row from their relative rewards r (B,N) (zero
+    where not kept), each row's log-likelihood `total` (B,) (naive's reward) and, for "value", the baseline
+    V (B,N)."""
     if name == "naive":
-        return (logp * kf).sum(1, keepdim=True).expand_as(logp)
+        return total[:, None].expand_as(r)
     if name == "relative":
         return r.sum(1, keepdim=True).expand_as(r)
     if name == "to-go":
@@ -92,11 +96,36 @@ def variant_names(gamma: float, value: bool = False) -> list[str]:
             *(["value"] if value else []), "normalised"]
 
 
+def _decisions(out, targets: torch.Tensor, level: int):
+    """One draw's decisions at boundary level `level`: (their output: log_prob and value, relative rewards r,
+    each row's log-likelihood, keep), all (B,N) but the row totals (B,). Level 1: per byte, r_t = log p - log
+    p_early. Level 2 (a two-level model, learntok.model.hier): per token j, R_j = the sum of log p - log p_early2
+    over the bytes that read token j back, the return the model's own loss credits to its decision."""
+    valid = targets != -100
+    logp = -out.nll.detach().float()
+    bo = out.boundaries
+    if level == 1:
+        keep = valid & bo.free
+        return bo, (logp + out.nll_early.float()) * keep, (logp * keep).sum(1), keep
+    total = (logp * valid).sum(1)
+    out2 = out.inner_boundaries
+    M = out2.mask.shape[1]
+    per_byte = ((out.nll_early2.detach().float() - out.nll.detach().float()) * valid)  # log p - log p_early2
+    index = bo.mask.long().cumsum(1) - 1  # c(t): the token each byte reads back
+    r = per_byte.new_zeros(per_byte.shape[0], M).scatter_add_(1, index, per_byte)
+    keep = (torch.arange(M, device=r.device)[None] < out.n_tokens[:, None]) & out2.free
+    return out2, r * keep, total, keep
+
+
 def policy_gradient_variance(model, batch: torch.Tensor, *, samples: int = 64, reference_factor: int = 16,
-                             seed: int = 0) -> tuple[list[VariantStats], dict]:
+                             seed: int = 0, level: int = 1) -> tuple[list[VariantStats], dict]:
     """Variance, SNR and cosine to a reference of the policy-gradient estimators on `batch` (B, T+1) (BOS
-    first), for a model whose strategy learns by the score function. Returns (rows, info)."""
-    strategy = model.boundary
+    first), for a model whose strategy learns by the score function; level 2: a two-level model's second level
+    (its decisions per token, gamma per token). Returns (rows, info)."""
+    if level not in range(1, getattr(model, "levels", 1) + 1):
+        raise ValueError(f"diagnose variance: --level {level}, but the model has {getattr(model, 'levels', 1)} "
+                         "boundary level(s)")
+    strategy = model.boundary if level == 1 else model.inner
     if strategy.learns_by != "score_function":
         raise ValueError(f"diagnose variance: the {model.bcfg.boundaries} strategy has no policy gradient")
     was_training = model.training
@@ -104,8 +133,9 @@ def policy_gradient_variance(model, batch: torch.Tensor, *, samples: int = 64, r
     gamma = float(model.bcfg.gamma)
     names = variant_names(gamma, value=getattr(strategy, "value", None) is not None)
     groups = {"policy": [p for p in strategy.parameters() if p.requires_grad]}
-    if not model.bcfg.detach_encoder:
-        groups["encoder"] = [p for n, p in model.named_parameters() if n.startswith(("embed", "down"))]
+    if not model.bcfg.detach_encoder:  # what the policy reads: the byte encoder, or the inner layers below it
+        groups["encoder"] = ([p for n, p in model.named_parameters() if n.startswith(("embed", "down"))]
+                             if level == 1 else [p for p in model.inner_down.parameters()])
     ids, targets = batch[:, :-1], batch[:, 1:]
     B, T = ids.shape
     gen = torch.Generator().manual_seed(seed)
@@ -117,13 +147,11 @@ def policy_gradient_variance(model, batch: torch.Tensor, *, samples: int = 64, r
         for k in range(samples * reference_factor):
             noise = torch.rand(B, T, generator=gen).to(ids.device)
             out = model(ids, targets, noise=noise)
-            bo = out.boundaries
-            keep = (targets != -100) & bo.free
-            logp, early = -out.nll.detach().float(), -out.nll_early.float()
+            bo, r, total, keep = _decisions(out, targets, level)
             value = bo.value.detach() if "value" in names else None
             todo = names if k < samples else [REFERENCE]
             for n in todo:
-                adv = _advantages(n, logp, early, keep, gamma, value).detach()
+                adv = _advantages(n, r, total, keep, gamma, value).detach()
                 surrogate = (bo.log_prob * adv * keep.float()).sum() / B
                 g = torch.autograd.grad(surrogate, params, retain_graph=True, allow_unused=True)
                 flat, i = [], 0
@@ -148,8 +176,9 @@ def policy_gradient_variance(model, batch: torch.Tensor, *, samples: int = 64, r
             rows.append(VariantStats(n, gname, var, snr,
                                      float(torch.nn.functional.cosine_similarity(mean, reference, dim=0)),
                                      float(mean.norm() / reference.norm().clamp(min=1e-30))))
-    info = {"batch": B, "seq_len": T, "samples": samples, "reference_samples": samples * reference_factor,
-            "gamma": gamma, "groups": {g: sum(p.numel() for p in ps) for g, ps in groups.items()}}
+    info = {"batch": B, "seq_len": T, "level": level, "samples": samples,
+            "reference_samples": samples * reference_factor, "gamma": gamma,
+            "groups": {g: sum(p.numel() for p in ps) for g, ps in groups.items()}}
     return rows, info
 
 
@@ -167,10 +196,11 @@ def noise_and_signal(g: torch.Tensor) -> tuple[float, float]:
 def format_table(rows: list[VariantStats], info: dict) -> str:
     """A Markdown table: variance, reduction against naive, SNR (and the batches it takes to reach 1), cosine and
     scale to the reference."""
-    lines = [f"{info['samples']} boundary draws on one batch of {info['batch']} x {info['seq_len']} bytes; reference: "
-             f"centred, gamma 1, over {info['reference_samples']} draws; run gamma {info['gamma']:g}. SNR is "
-             f"bias-corrected (<= 0: no signal detectable in {info['samples']} draws); the cosine of a mean whose own "
-             "SNR (draws x SNR) is below 1 is mostly noise.", "",
+    level = "second-level (per-token) " if info.get("level", 1) == 2 else ""
+    lines = [f"{info['samples']} {level}boundary draws on one batch of {info['batch']} x {info['seq_len']} bytes; "
+             f"reference: centred, gamma 1, over {info['reference_samples']} draws; run gamma {info['gamma']:g}. "
+             f"SNR is bias-corrected (<= 0: no signal detectable in {info['samples']} draws); the cosine of a mean "
+             "whose own SNR (draws x SNR) is below 1 is mostly noise.", "",
              "| group | estimator | variance | vs naive | SNR | batches for SNR 1 | cosine to reference | scale |",
              "|---|---|---|---|---|---|---|---|"]
     naive = {r.group: r.variance for r in rows if r.name == "naive"}

@@ -269,6 +269,7 @@ class HierLM(ByteLM):
             early_in = early_in.detach()
         nll2 = self._nll(self._head(self.norm_early2, self.head_early2, early_in), targets)
         l_early2 = nll2.sum() / n
+        res.nll_early2 = nll2.detach()
         res.loss = res.loss + cfg.lambda_early * l_early2
         res.terms["loss/early2"] = l_early2.detach()
         (B, T), M = targets.shape, z.shape[1]

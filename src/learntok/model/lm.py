@@ -56,6 +56,8 @@ class ModelOutput:
     """(B,T) per-position negative log-likelihood in nats (0 at ignored targets)."""
     nll_early: torch.Tensor | None = None
     """(B,T) the same under the early-exit head."""
+    nll_early2: torch.Tensor | None = None
+    """(B,T) the same under the second early-exit head (--inner-layers: the hierarchy without its second level)."""
     n_tokens: torch.Tensor | None = None
     """(B,) real tokens per sequence at the token level."""
     token_slots: int | None = None
