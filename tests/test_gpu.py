@@ -177,7 +177,7 @@ def test_a_two_level_model_trains_and_generates_on_the_device(corpus, tmp_path, 
     assert_cached_steps_equal_full_forward(m, DEVICE)
 
 
-def test_a_compiled_two_level_model_matches_eager_with_no_graph_break(corpus, tmp_path, monkeypatch, strict_fp32):
+def test_two_level_training_compiles_without_graph_breaks(corpus, tmp_path, monkeypatch, strict_fp32):
     """--compile with --inner-layers (block by block: inductor on CUDA, dynamo's eager backend on CPU): 0 graph
     breaks and the eager run's losses."""
     from torch._dynamo.utils import counters

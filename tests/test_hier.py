@@ -121,13 +121,14 @@ def test_uniform_second_level_groups_every_other_token():
 
 
 @pytest.mark.parametrize("strategy", ["learned", "uniform"])
-@pytest.mark.parametrize("pooling", ["auto", "mean"])
-def test_cached_steps_equal_the_full_pass(strategy, pooling):
+@pytest.mark.parametrize(("pooling", "bucket"), [("auto", 0), ("mean", 0), ("auto", 16)])
+def test_cached_steps_equal_the_full_pass(strategy, pooling, bucket):
     """Byte by byte (byte levels cached, the token levels again at each new token): the full pass's first-level
-    boundaries and logits, on rows longer than the byte window."""
+    boundaries and logits, on rows longer than the byte window; with --token-bucket both token levels padded."""
     from .test_generate import _cached_and_full
 
-    m = build_model(strategy, None, {**HIER, "byte_window": 8}, pooling=pooling, target_rate=0.6).eval()
+    m = build_model(strategy, None, {**HIER, "byte_window": 8, "token_bucket": bucket}, pooling=pooling,
+                    target_rate=0.6).eval()
     assert m.boundary.has_step
     logits, bounds, full, state = _cached_and_full(m)
     assert torch.equal(bounds, full.boundaries.mask)

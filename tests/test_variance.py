@@ -95,6 +95,7 @@ def test_the_second_level_is_measured_with_the_estimator_its_training_loss_uses(
     batch[:, 0] = BOS
     rows, info = policy_gradient_variance(model, batch, samples=4, reference_factor=2, level=2)
     assert info["level"] == 2 and [r.name for r in rows] == 2 * variant_names(0.9)
+    assert all(r.variance > 0 and r.snr == r.snr for r in rows)  # gradients reached the second level's policy
     params = [p for p in model.inner.parameters() if p.requires_grad]
     assert info["groups"]["policy"] == sum(p.numel() for p in params)
 

@@ -95,21 +95,31 @@ def cmd_variance(args) -> None:
                 command = ["python", "experiments/hierarchy/run.py", "variance", "--out", args.out, "--seeds",
                            r["seed"], "--samples", args.samples, "--batch-size", args.batch_size,
                            "--reference-factor", args.reference_factor]
+                b = cfg.boundary
+                estimator = ("value" if getattr(b, "value_baseline", False) else "normalised"
+                             if getattr(b, "normalize_advantage", False) else "centred")
                 records.append(args.variance, records.make(
                     "hierarchy", arm, r["seed"], command=command, run=str(run), level=level, state=state,
+                    estimator=estimator,
                     variance={**info, "rows": [dataclasses.asdict(x) for x in rows]}))
+
+
+FLOOR = 0.01
+"""SNRs at or below this are not told from zero in 64 draws: estimators with no signal read -0.01 to 0.01 there."""
 
 
 def variance_table(path: Path = VARIANCE) -> str:
     """The policy gradient's SNR at each level (mean over seeds, and per seed): the run's estimator and the
-    batch-centred one with gamma 1; the batches one SNR-1 signal takes."""
+    batch-centred one with gamma 1; per seed, the batches whose mean gradient reaches SNR 1 (1 / SNR, "–" within
+    the floor)."""
     from learntok import records
 
     rows = records.load(path)
     if not rows:
         return ""
-    lines = ["| level | state | seeds | SNR, run's estimator (normalised), per seed | batches for SNR 1 | "
-             "SNR, centred, γ = 1 | policy parameters |", "|---|---|---|---|---|---|---|"]
+    lines = ["| level | state | seeds | SNR, run's estimator, mean (per seed) | batches of 8 for SNR 1, per seed | "
+             f"seeds within the floor (≤ {FLOOR}) | SNR, centred, γ = 1 | policy parameters |",
+             "|---|---|---|---|---|---|---|---|"]
     for level in (1, 2):
         for state in ("init", "trained"):
             rs = sorted((r for r in rows if r["level"] == level and r["state"] == state), key=lambda r: r["seed"])
@@ -119,11 +129,12 @@ def variance_table(path: Path = VARIANCE) -> str:
             def snr(r, name):
                 return next(x["snr"] for x in r["variance"]["rows"] if x["group"] == "policy" and x["name"] == name)
 
-            run = [snr(r, "normalised") for r in rs]
+            run = [snr(r, r.get("estimator", "normalised")) for r in rs]
             mean = sum(run) / len(run)
-            need = f"{1 / mean:.0f}" if mean > 0 else "no signal"
+            flat = sum(x <= FLOOR for x in run)
+            need = ", ".join(f"{1 / x:.0f}" if x > FLOOR else "–" for x in run)
             lines.append(f"| {level} | {state} | {len(rs)} | {mean:.4f} ({', '.join(f'{x:.4f}' for x in run)}) | "
-                         f"{need} | {sum(snr(r, 'centred, gamma=1') for r in rs) / len(rs):.4f} | "
+                         f"{need} | {flat} | {sum(snr(r, 'centred, gamma=1') for r in rs) / len(rs):.4f} | "
                          f"{rs[0]['variance']['groups']['policy']:,} |")
     return "\n".join(lines) + "\n"
 

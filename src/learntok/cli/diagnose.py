@@ -83,7 +83,8 @@ def cmd_diagnose(argv: list[str]) -> int:
                                                    "rows": [asdict(r) for r in rows]}, indent=1) + "\n")
     (out / "variance.md").write_text(table + "\n")
     try:
-        _plot(rows, out / "variance.png", f"{run_dir.name} ({'init' if a.init else 'trained'})")
+        level = "" if a.level == 1 else f", level {a.level}"
+        _plot(rows, out / "variance.png", f"{run_dir.name} ({'init' if a.init else 'trained'}{level})")
     except ImportError as e:
         print(f"note: no plot ({e})", file=sys.stderr)
     print(f"written: {out}/variance.json, variance.md" + (", variance.png" if (out / 'variance.png').exists() else ""))

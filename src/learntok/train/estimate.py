@@ -178,7 +178,11 @@ def trace_step(cfg: TrainConfig, micro_batch: int, *, rate: float | None = None,
         model = build_model(replace(model_cfg, token_bucket=bucket), cfg.boundary).train()
         if precision == "bf16":
             model.to(torch.bfloat16)
-        model.token_slots = lambda mask: slots  # no values to count: the assumed bucket
+        # No values to count: the assumed buckets, the token level's over bytes and, in a two-level model, the
+        # super-token level's over its token slots (its target rate + 25 % of them).
+        inner = getattr(model_cfg, "inner_rate", 0.5) * 1.25
+        supers = min(slots, -(-int(inner * slots) // bucket) * bucket)
+        model.token_slots = lambda mask: slots if mask.shape[1] == T else supers
         params = sum(p.numel() * p.element_size() for p in model.parameters())
         opt = make_optimizer(model, cfg.optim, fused=False)
         ids = torch.full((micro_batch, T), BOS, dtype=torch.long)

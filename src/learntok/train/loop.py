@@ -374,7 +374,8 @@ class StepCounts:
     supers: float = 0.0
     """Super-tokens formed at a second boundary level (--inner-layers; 0 without one)."""
     super_slots: float = 0.0
-    """Super-token positions of a dense second level (rows x its longest row, per micro-batch)."""
+    """Super-token positions of the second level as computed: rows x its bucket under --token-bucket, else x its
+    longest row (per micro-batch)."""
     super_pairs: float = 0.0
     """Causal query-key pairs at the super-token level."""
 
