@@ -117,7 +117,8 @@ def variance_table(path: Path = VARIANCE) -> str:
     rows = records.load(path)
     if not rows:
         return ""
-    lines = ["| level | state | seeds | SNR, run's estimator, mean (per seed) | batches of 8 for SNR 1, per seed | "
+    lines = ["| level | state | seeds | SNR, run's estimator, mean (per seed) | "
+             f"batches of {rows[0]['variance']['batch']} for SNR 1, per seed | "
              f"seeds within the floor (≤ {FLOOR}) | SNR, centred, γ = 1 | policy parameters |",
              "|---|---|---|---|---|---|---|---|"]
     for level in (1, 2):
