@@ -83,12 +83,38 @@ def test_a_model_with_a_value_head_is_measured_with_its_baseline_too():
     torch.testing.assert_close(_advantages("value", r, total, keep, 0.9, same), centred)
 
 
+def _run_estimator_against_own_loss(model, batch, level, strategy, monkeypatch) -> float:
+    """Cosine, on one draw, of the diagnostic's run estimator to the gradient of the strategy's own policy loss."""
+    from learntok.evaluation.variance import _advantages, _decisions
+
+    captured = {}
+    real = strategy.losses
+    monkeypatch.setattr(strategy, "losses", lambda *a, **k: captured.setdefault("aux", real(*a, **k)))
+    ids, targets = batch[:, :-1], batch[:, 1:]
+    out = model(ids, targets, noise=torch.rand(ids.shape, generator=torch.Generator().manual_seed(5)))
+    bo, r, total, keep = _decisions(out, targets, level)
+    assert keep.sum() > 4 and r.shape == bo.mask.shape
+    adv = _advantages("normalised" if model.bcfg.normalize_advantage else "centred", r, total, keep,
+                      float(model.bcfg.gamma))
+    params = [p for p in strategy.parameters() if p.requires_grad]
+    ours = torch.autograd.grad((bo.log_prob * adv * keep).sum(), params, retain_graph=True)
+    theirs = torch.autograd.grad(captured["aux"]["loss/policy"], params)
+    return float(torch.nn.functional.cosine_similarity(*[torch.cat([x.flatten() for x in xs])
+                                                          for xs in (ours, theirs)], dim=0))
+
+
+def test_the_first_level_is_measured_with_the_estimator_its_training_loss_uses(monkeypatch):
+    """With a forced last boundary, whose byte's reward still enters every return (as in training)."""
+    model = build_model("learned", policy_window=0, gamma=0.9, force_last=True)
+    batch = torch.randint(32, 127, (4, 33), generator=torch.Generator().manual_seed(0))
+    batch[:, 0] = BOS
+    assert _run_estimator_against_own_loss(model, batch, 1, model.boundary, monkeypatch) < -0.9999
+
+
 def test_the_second_level_is_measured_with_the_estimator_its_training_loss_uses(monkeypatch):
     """--level 2 on a two-level model: per-token decisions, rewarded with the return its own loss credits them
     (the bytes reading each token back, against the second early exit): on one draw the run's estimator points
     exactly against the gradient of the model's second-level policy loss."""
-    from learntok.evaluation.variance import _advantages, _decisions
-
     model = build_model("learned", None, {"inner_layers": 1, "inner_rate": 0.5}, policy_window=0, gamma=0.9)
     g = torch.Generator().manual_seed(0)
     batch = torch.randint(32, 127, (4, 49), generator=g)
@@ -99,17 +125,6 @@ def test_the_second_level_is_measured_with_the_estimator_its_training_loss_uses(
     params = [p for p in model.inner.parameters() if p.requires_grad]
     assert info["groups"]["policy"] == sum(p.numel() for p in params)
 
-    captured = {}
-    real = model.inner.losses
-    monkeypatch.setattr(model.inner, "losses", lambda *a, **k: captured.setdefault("aux", real(*a, **k)))
-    ids, targets = batch[:, :-1], batch[:, 1:]
-    out = model(ids, targets, noise=torch.rand(ids.shape, generator=g))
-    bo, r, total, keep = _decisions(out, targets, 2)
-    assert bo is out.inner_boundaries and keep.sum() > 4 and r.shape == bo.mask.shape
-    adv = _advantages("normalised" if model.bcfg.normalize_advantage else "centred", r, total, keep, 0.9)
-    ours = torch.autograd.grad((bo.log_prob * adv * keep).sum(), params, retain_graph=True)
-    theirs = torch.autograd.grad(captured["aux"]["loss/policy"], params)
-    flat = [torch.cat([x.flatten() for x in xs]) for xs in (ours, theirs)]
-    assert float(torch.nn.functional.cosine_similarity(*flat, dim=0)) < -0.9999
+    assert _run_estimator_against_own_loss(model, batch, 2, model.inner, monkeypatch) < -0.9999
     with pytest.raises(ValueError, match="--level 2"):
         policy_gradient_variance(build_model("learned", policy_window=0), batch, samples=2, level=2)

@@ -70,8 +70,8 @@ class VariantStats:
 def _advantages(name: str, r: torch.Tensor, total: torch.Tensor, keep: torch.Tensor, gamma: float,
                 value: torch.Tensor | None = None) -> torch.Tensor:
     """(B,N) advantages of variant `name` for N decisions per row from their relative rewards r (B,N) (zero
-    where not kept), each row's log-likelihood `total` (B,) (naive's reward) and, for "value", the baseline
-    V (B,N)."""
+    where nothing is scored), each row's log-likelihood `total` (B,) (naive's reward) and, for "value", the
+    baseline V (B,N); the decisions trained are `keep`."""
     if name == "naive":
         return total[:, None].expand_as(r)
     if name == "relative":
@@ -104,17 +104,17 @@ def _decisions(out, targets: torch.Tensor, level: int):
     valid = targets != -100
     logp = -out.nll.detach().float()
     bo = out.boundaries
-    if level == 1:
+    if level == 1:  # rewards at every scored byte, as the training loss has them (a forced last byte's too)
         keep = valid & bo.free
-        return bo, (logp + out.nll_early.float()) * keep, (logp * keep).sum(1), keep
+        return bo, (logp + out.nll_early.float()) * valid, (logp * keep).sum(1), keep
     total = (logp * valid).sum(1)
     out2 = out.inner_boundaries
     M = out2.mask.shape[1]
     per_byte = ((out.nll_early2.detach().float() - out.nll.detach().float()) * valid)  # log p - log p_early2
     index = bo.mask.long().cumsum(1) - 1  # c(t): the token each byte reads back
     r = per_byte.new_zeros(per_byte.shape[0], M).scatter_add_(1, index, per_byte)
-    keep = (torch.arange(M, device=r.device)[None] < out.n_tokens[:, None]) & out2.free
-    return out2, r * keep, total, keep
+    real = torch.arange(M, device=r.device)[None] < out.n_tokens[:, None]
+    return out2, r * real, total, real & out2.free
 
 
 def policy_gradient_variance(model, batch: torch.Tensor, *, samples: int = 64, reference_factor: int = 16,
