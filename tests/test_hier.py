@@ -57,6 +57,8 @@ def test_packed_token_levels_equal_padded(strategy):
     assert outs[0].super_slots is None
     assert padded.super_slots == min(-(-int(padded.n_super.max()) // 16) * 16, padded.token_slots)
     assert int(padded.n_super.min()) < padded.super_slots
+    assert float(padded.super_pad_share) == pytest.approx(1 - int(padded.n_super.sum()) / (3 * padded.super_slots))
+    assert outs[0].super_pad_share is None and float(padded.super_pad_share) > 0
 
 
 def test_second_level_uniforms_are_the_low_bits():

@@ -80,6 +80,13 @@ class ModelOutput:
             return None
         return 1 - self.n_tokens.sum().float() / (self.n_tokens.numel() * self.token_slots)
 
+    @property
+    def super_pad_share(self) -> torch.Tensor | None:
+        """The same at a bucketed super-token level (--inner-layers with --token-bucket), else None."""
+        if not self.super_slots:
+            return None
+        return 1 - self.n_super.sum().float() / (self.n_super.numel() * self.super_slots)
+
 
 @dataclass
 class GenerationState:

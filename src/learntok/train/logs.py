@@ -60,6 +60,8 @@ class StepMetrics:
         self._step["boundary/max_tokens"] = _maximum(self._step["boundary/max_tokens"], out.n_tokens.max().float())
         if out.pad_share is not None:  # --token-bucket / --compile: the price of static shapes
             self._step["train/token_pad_share"] = self._step["train/token_pad_share"] + out.pad_share / accum
+        if out.super_pad_share is not None:
+            self._step["train/super_pad_share"] = self._step["train/super_pad_share"] + out.super_pad_share / accum
 
     def end_step(self, grad_norm: float, applied: bool = True) -> None:
         """Close the current step: add its figures to the window, or only count it when its update was skipped."""
