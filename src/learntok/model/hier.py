@@ -160,12 +160,10 @@ class HierLM(ByteLM):
         stage graph would break at the second; blocks hold the attention and MLP kernels either way."""
         self.compile_blocks(**options)
 
-    def compile_blocks(self, **options) -> None:
-        """As `ByteLM.compile_blocks`, the inner layers' blocks included; both token levels keep static shapes
-        (COMPILE_BUCKET unless --token-bucket is given)."""
-        options = self._static_shapes({"fullgraph": True, **options})
-        for blk in [*self.down, *self.inner_down, *self.mid, *self.inner_up, *self.up]:
-            blk.compile(**options)
+    def transformer_blocks(self) -> list[nn.Module]:
+        """`ByteLM.transformer_blocks` with the inner layers' (compiled and sharded like the others; both token
+        levels keep static shapes under `compile_blocks`)."""
+        return [*self.down, *self.inner_down, *self.mid, *self.inner_up, *self.up]
 
     # -- whole sequences -----------------------------------------------------------------------------------
 

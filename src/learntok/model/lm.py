@@ -320,8 +320,12 @@ class ByteLM(nn.Module):
         are excluded from compilation and would break a stage's graph. Call it before sharding. The token
         level keeps static shapes (COMPILE_BUCKET unless --token-bucket is given)."""
         options = self._static_shapes({"fullgraph": True, **options})
-        for blk in [*self.down, *self.mid, *self.up]:
+        for blk in self.transformer_blocks():
             blk.compile(**options)
+
+    def transformer_blocks(self) -> list[nn.Module]:
+        """Every transformer block, input side first: what `compile_blocks` compiles and FSDP2 shards one by one."""
+        return [*self.down, *self.mid, *self.up]
 
     def _static_shapes(self, options: dict) -> dict:
         """Bucket the token level's length (static shapes, not a graph per token count) and raise dynamo's

@@ -212,8 +212,7 @@ def wrap_model(model: torch.nn.Module, parallel: str, d: Dist, precision: str = 
         from torch.distributed.fsdp import fully_shard
 
         mp = fsdp_mixed_precision(precision, d.device)
-        for blk in [*model.down, *model.mid, *model.up, *getattr(model, "inner_down", ()),
-                    *getattr(model, "inner_up", ())]:
+        for blk in model.transformer_blocks():
             fully_shard(blk, mp_policy=mp)
         return fully_shard(model, mp_policy=mp)
     from torch.nn.parallel import DistributedDataParallel as DDP
