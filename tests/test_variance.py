@@ -40,7 +40,7 @@ def test_diagnose_command_writes_its_table(tmp_path, text_corpus, capsys):
     assert len(rows) == 2 * len(variant_names(0.99))  # policy and encoder groups
     assert main(["diagnose", "variance", str(run), "--samples", "1"]) == 2
     assert main(["diagnose", "variance", str(run), "--level", "2"]) == 2
-    assert "--level 2, but" in capsys.readouterr().err
+    assert "boundary level 2: this model has one level" in capsys.readouterr().err
 
 
 def test_snr_is_corrected_for_the_noise_in_the_mean():
@@ -126,5 +126,5 @@ def test_the_second_level_is_measured_with_the_estimator_its_training_loss_uses(
     assert info["groups"]["policy"] == sum(p.numel() for p in params)
 
     assert _run_estimator_against_own_loss(model, batch, 2, model.inner, monkeypatch) < -0.9999
-    with pytest.raises(ValueError, match="--level 2"):
+    with pytest.raises(ValueError, match="boundary level 2: this model has one level"):
         policy_gradient_variance(build_model("learned", policy_window=0), batch, samples=2, level=2)

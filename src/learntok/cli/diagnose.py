@@ -53,14 +53,15 @@ def cmd_diagnose(argv: list[str]) -> int:
 
     from learntok.checkpoint import load_run
     from learntok.data import ByteSequences, load_split
+    from learntok.draw import check_level
     from learntok.evaluation.variance import format_table, policy_gradient_variance
     from learntok.model import build_model
 
     cfg, model = load_run(a.run)
-    levels = getattr(model, "levels", 1)
-    if a.level not in range(1, levels + 1):
-        raise UsageError(f"learntok diagnose variance: --level {a.level}, but {a.run} has {levels} boundary "
-                         f"level{'s' if levels > 1 else ''}")
+    try:
+        check_level(model, a.level)  # before the data is read
+    except ValueError as e:
+        raise UsageError(f"learntok diagnose variance {a.run}: {e}") from None
     if model.boundary.learns_by != "score_function":
         raise UsageError(f"learntok diagnose variance: {a.run} trains --boundaries {cfg.boundary.boundaries}, which "
                          "has no policy gradient")

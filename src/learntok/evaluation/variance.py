@@ -46,6 +46,7 @@ from dataclasses import dataclass
 import torch
 
 from learntok.boundaries.reinforce import batch_relative_advantage, discounted_returns
+from learntok.draw import check_level
 
 GAMMAS = (0.99, 0.9)
 """Discounts measured besides the run's own."""
@@ -122,9 +123,7 @@ def policy_gradient_variance(model, batch: torch.Tensor, *, samples: int = 64, r
     """Variance, SNR and cosine to a reference of the policy-gradient estimators on `batch` (B, T+1) (BOS
     first), for a model whose strategy learns by the score function; level 2: a two-level model's second level
     (its decisions per token, gamma per token). Returns (rows, info)."""
-    if level not in range(1, getattr(model, "levels", 1) + 1):
-        raise ValueError(f"diagnose variance: --level {level}, but the model has {getattr(model, 'levels', 1)} "
-                         "boundary level(s)")
+    check_level(model, level)
     strategy = model.boundary if level == 1 else model.inner
     if strategy.learns_by != "score_function":
         raise ValueError(f"diagnose variance: the {model.bcfg.boundaries} strategy has no policy gradient")
