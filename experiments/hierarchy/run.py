@@ -18,6 +18,7 @@ time: run nothing else on the machine meanwhile only if you read its seconds.
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import sys
 import time
@@ -75,34 +76,31 @@ def cmd_variance(args) -> None:
     for r in arms.load_results(Path(args.results))["arms"]:
         if r["arm"] != "hier2-learned" or r["seed"] not in args.seeds:
             continue
+        todo = [(state, level) for state in ("trained", "init") for level in (1, 2)
+                if (r["seed"], f"hier2-learned/level{level}/{state}") not in done]
+        if not todo:
+            continue
         run = Path(args.out) / Path(r["command"].split(" --out ")[1].split()[0]).name
-        for state in ("trained", "init"):
-            for level in (1, 2):
-                arm = f"hier2-learned/level{level}/{state}"
-                if (r["seed"], arm) in done:
-                    continue
-                cfg, model = load_run(run)
-                if state == "init":
-                    torch.manual_seed(cfg.seed)
-                    model = build_model(cfg.model, cfg.boundary)
-                _, docs = load_split(cfg.data, "val")
-                batch = torch.from_numpy(ByteSequences(docs, cfg.data.seq_len, cfg.data.pack).batch(
-                    range(args.batch_size)))
-                t0 = time.perf_counter()
-                rows, info = policy_gradient_variance(model, batch, samples=args.samples, level=level,
-                                                      reference_factor=args.reference_factor, seed=0)
-                print(f"{arm} seed {r['seed']}: {time.perf_counter() - t0:.0f} s", flush=True)
-                command = ["python", "experiments/hierarchy/run.py", "variance", "--out", args.out, "--seeds",
-                           r["seed"], "--samples", args.samples, "--batch-size", args.batch_size,
-                           "--reference-factor", args.reference_factor]
-                b = cfg.boundary
-                estimator = ("value" if getattr(b, "value_baseline", False) else "normalised"
-                             if getattr(b, "normalize_advantage", False) else "centred")
-                records.append(args.variance, records.make(
-                    "hierarchy", arm, r["seed"], command=command, run=str(run), level=level, state=state,
-                    estimator=estimator,
-                    variance={**info, "rows": [dataclasses.asdict(x) for x in rows]}))
-
+        cfg, trained = load_run(run)  # once per seed; each measurement gets a fresh copy of its model
+        torch.manual_seed(cfg.seed)
+        models = {"trained": trained, "init": build_model(cfg.model, cfg.boundary)}
+        _, docs = load_split(cfg.data, "val")
+        batch = torch.from_numpy(ByteSequences(docs, cfg.data.seq_len, cfg.data.pack).batch(range(args.batch_size)))
+        b = cfg.boundary
+        estimator = ("value" if getattr(b, "value_baseline", False) else "normalised"
+                     if getattr(b, "normalize_advantage", False) else "centred")
+        command = ["python", "experiments/hierarchy/run.py", "variance", "--out", args.out, "--seeds", r["seed"],
+                   "--samples", args.samples, "--batch-size", args.batch_size, "--reference-factor",
+                   args.reference_factor]
+        for state, level in todo:
+            arm = f"hier2-learned/level{level}/{state}"
+            t0 = time.perf_counter()
+            rows, info = policy_gradient_variance(copy.deepcopy(models[state]), batch, samples=args.samples,
+                                                  level=level, reference_factor=args.reference_factor, seed=0)
+            print(f"{arm} seed {r['seed']}: {time.perf_counter() - t0:.0f} s", flush=True)
+            records.append(args.variance, records.make(
+                "hierarchy", arm, r["seed"], command=command, run=str(run), level=level, state=state,
+                estimator=estimator, variance={**info, "rows": [dataclasses.asdict(x) for x in rows]}))
 
 FLOOR = 0.01
 """SNRs at or below this are not told from zero in 64 draws: estimators with no signal read -0.01 to 0.01 there."""
@@ -121,15 +119,14 @@ def variance_table(path: Path = VARIANCE) -> str:
              f"batches of {rows[0]['variance']['batch']} for SNR 1, per seed | "
              f"seeds within the floor (≤ {FLOOR}) | SNR, centred, γ = 1 | policy parameters |",
              "|---|---|---|---|---|---|---|---|"]
+    def snr(r, name):
+        return next(x["snr"] for x in r["variance"]["rows"] if x["group"] == "policy" and x["name"] == name)
+
     for level in (1, 2):
         for state in ("init", "trained"):
             rs = sorted((r for r in rows if r["level"] == level and r["state"] == state), key=lambda r: r["seed"])
             if not rs:
                 continue
-
-            def snr(r, name):
-                return next(x["snr"] for x in r["variance"]["rows"] if x["group"] == "policy" and x["name"] == name)
-
             run = [snr(r, r.get("estimator", "normalised")) for r in rs]
             mean = sum(run) / len(run)
             flat = sum(x <= FLOOR for x in run)
