@@ -1397,3 +1397,30 @@ def test_hierarchy_arms_build_the_models_they_name_and_report_pairs_by_seed(tmp_
                                       prov={"git_sha": "0" * 40}, **r) for r in rows])
     text = run.report(path)
     assert "| hier1-learned − hier2-learned | +0.1333" in text and "(3 seeds)" in text
+
+
+def test_hierarchy_variance_table_lists_each_measurement_setting_apart(tmp_path):
+    """experiments/hierarchy variance: records measured with other draws or batch sizes are other measurements:
+    the table lists them under their settings instead of averaging them with the default ones (and `variance`
+    keys finished measurements by the same settings, so asking for more draws measures again)."""
+    spec = importlib.util.spec_from_file_location("hier_run", Path(arms.__file__).parent / "hierarchy" / "run.py")
+    run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run)
+
+    def record(seed, samples, snr):
+        rows = [{"name": n, "group": "policy", "snr": snr} for n in ("normalised", "centred, gamma=1")]
+        variance = {"batch": 8, "samples": samples, "reference_samples": 4 * samples, "groups": {"policy": 128},
+                    "rows": rows}
+        return records.make("hierarchy", "hier2-learned/level2/trained", seed, command="x",
+                            prov={"git_sha": "0" * 40}, level=2, state="trained", estimator="normalised",
+                            variance=variance)
+
+    path = tmp_path / "records-variance.jsonl"
+    records.write(path, [record(0, 64, 0.5), record(1, 64, 0.25)])
+    one = run.variance_table(path)
+    assert "| 2 | trained | 2 | 0.3750 (0.5000, 0.2500) | 2, 4 |" in one and "draws per estimator" not in one
+    records.write(path, [record(0, 64, 0.5), record(1, 64, 0.25), record(0, 256, 0.125)])
+    two = run.variance_table(path)
+    assert "64 draws per estimator, 256 reference draws" in two and "256 draws per estimator, 1024" in two
+    assert "| 2 | trained | 1 | 0.1250 (0.1250) | 8 |" in two and "| 2 | trained | 2 | 0.3750" in two
+    assert run._settings(records.load(path)[2]) == (8, 256, 1024)

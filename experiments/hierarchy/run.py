@@ -72,7 +72,8 @@ def cmd_variance(args) -> None:
     from learntok.model import build_model
 
     torch.set_num_threads(args.threads)
-    done = {(r["seed"], r["arm"]) for r in records.load(args.variance)}
+    asked = (args.batch_size, args.samples, args.samples * args.reference_factor)
+    done = {(r["seed"], r["arm"]) for r in records.load(args.variance) if _settings(r) == asked}
     for r in arms.load_results(Path(args.results))["arms"]:
         if r["arm"] != "hier2-learned" or r["seed"] not in args.seeds:
             continue
@@ -102,6 +103,13 @@ def cmd_variance(args) -> None:
                 "hierarchy", arm, r["seed"], command=command, run=str(run), level=level, state=state,
                 estimator=estimator, variance={**info, "rows": [dataclasses.asdict(x) for x in rows]}))
 
+def _settings(r: dict) -> tuple[int, int, int]:
+    """A variance record's measurement settings: (batch, samples, reference draws). A measurement under other
+    settings is a different measurement, so `variance` runs it and the table lists it apart."""
+    v = r["variance"]
+    return v["batch"], v["samples"], v["reference_samples"]
+
+
 FLOOR = 0.01
 """SNRs at or below this are not told from zero in 64 draws: estimators with no signal read -0.01 to 0.01 there."""
 
@@ -112,11 +120,22 @@ def variance_table(path: Path = VARIANCE) -> str:
     the floor)."""
     from learntok import records
 
-    rows = records.load(path)
-    if not rows:
-        return ""
+    every = records.load(path)
+    groups = {}
+    for r in every:
+        groups.setdefault(_settings(r), []).append(r)
+    tables = []
+    for (batch, samples, reference), rows in groups.items():
+        heading = "" if len(groups) == 1 else (
+            f"{samples} draws per estimator, {reference} reference draws, batches of {batch}:\n\n")
+        tables.append(heading + _variance_rows(rows, batch))
+    return "\n".join(tables)
+
+
+def _variance_rows(rows: list[dict], batch: int) -> str:
+    """variance_table's table for records of one measurement setting."""
     lines = ["| level | state | seeds | SNR, run's estimator, mean (per seed) | "
-             f"batches of {rows[0]['variance']['batch']} for SNR 1, per seed | "
+             f"batches of {batch} for SNR 1, per seed | "
              f"seeds within the floor (≤ {FLOOR}) | SNR, centred, γ = 1 | policy parameters |",
              "|---|---|---|---|---|---|---|---|"]
     def snr(r, name):
