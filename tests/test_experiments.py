@@ -1423,4 +1423,4 @@ def test_hierarchy_variance_table_lists_each_measurement_setting_apart(tmp_path)
     two = run.variance_table(path)
     assert "64 draws per estimator, 256 reference draws" in two and "256 draws per estimator, 1024" in two
     assert "| 2 | trained | 1 | 0.1250 (0.1250) | 8 |" in two and "| 2 | trained | 2 | 0.3750" in two
-    assert run._settings(records.load(path)[2]) == (8, 256, 1024)
+    assert run._settings(records.load(path)[2]) == (8, 256, 1024, ())

@@ -39,6 +39,11 @@ def test_diagnose_command_writes_its_table(tmp_path, text_corpus, capsys):
     rows = json.loads((run / "diagnose-init" / "variance.json").read_text())["rows"]
     assert len(rows) == 2 * len(variant_names(0.99))  # policy and encoder groups
     assert main(["diagnose", "variance", str(run), "--samples", "1"]) == 2
+    assert main(["diagnose", "variance", str(run), "--gammas", "1.5"]) == 2
+    assert main(["diagnose", "variance", str(run), "--samples", "4", "--batch-size", "2", "--gammas", "0.5",
+                 "--out", str(tmp_path / "g")]) == 0
+    names = [r["name"] for r in json.loads((tmp_path / "g" / "variance.json").read_text())["rows"]]
+    assert "centred, gamma=0.5" in names and "gamma=0.5" in names
     assert main(["diagnose", "variance", str(run), "--level", "2"]) == 2
     assert "boundary level 2: this model has one level" in capsys.readouterr().err
 
@@ -81,6 +86,35 @@ def test_a_model_with_a_value_head_is_measured_with_its_baseline_too():
     assert not torch.allclose(with_value, centred)
     same = value[:1].expand(4, 16)
     torch.testing.assert_close(_advantages("value", r, total, keep, 0.9, same), centred)
+
+
+def test_other_discounts_are_measured_uncentred_and_centred():
+    """--gammas G adds "gamma=G" and "centred, gamma=G" (once each, none for the run's gamma or 1); a centred
+    estimator at G centres the returns discounted by G: at the run's gamma it is "centred", at 0 the centred
+    one-step rewards."""
+    from learntok.boundaries.reinforce import batch_relative_advantage
+    from learntok.evaluation.variance import _advantages
+
+    names = variant_names(0.9, extra=(0.5, 0.9, 1.0, 0.0, 0.5))
+    assert [n for n in names if n.startswith("centred")] == ["centred, gamma=1", "centred, gamma=0.5",
+                                                             "centred, gamma=0", "centred"]
+    assert "gamma=0.5" in names and "gamma=0" in names and len(names) == len(set(names))
+    g = torch.Generator().manual_seed(2)
+    r = torch.randn(4, 10, generator=g)
+    keep = torch.rand(4, 10, generator=g) > 0.2
+    r, total = r * keep, r.sum(1)
+    torch.testing.assert_close(_advantages("centred, gamma=0", r, total, keep, 0.9), batch_relative_advantage(r, keep))
+    torch.testing.assert_close(_advantages("centred, gamma=0.9", r, total, keep, 0.9),
+                               _advantages("centred", r, total, keep, 0.9))
+    assert not torch.allclose(_advantages("centred, gamma=0.5", r, total, keep, 0.9),
+                              _advantages("centred", r, total, keep, 0.9))
+    model = build_model("learned", policy_window=0, gamma=0.9)
+    batch = torch.randint(32, 127, (4, 17), generator=torch.Generator().manual_seed(0))
+    batch[:, 0] = BOS
+    rows, info = policy_gradient_variance(model, batch, samples=3, reference_factor=2, gammas=(0.5,))
+    assert [r.name for r in rows] == 2 * variant_names(0.9, extra=(0.5,)) and info["gammas"] == [0.5]
+    with pytest.raises(ValueError, match="discounts must be in"):
+        policy_gradient_variance(model, batch, samples=3, gammas=(1.5,))
 
 
 def _run_estimator_against_own_loss(model, batch, level, strategy, monkeypatch) -> float:

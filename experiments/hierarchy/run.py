@@ -72,12 +72,12 @@ def cmd_variance(args) -> None:
     from learntok.model import build_model
 
     torch.set_num_threads(args.threads)
-    asked = (args.batch_size, args.samples, args.samples * args.reference_factor)
+    asked = (args.batch_size, args.samples, args.samples * args.reference_factor, tuple(sorted(set(args.gammas))))
     done = {(r["seed"], r["arm"]) for r in records.load(args.variance) if _settings(r) == asked}
     for r in arms.load_results(Path(args.results))["arms"]:
         if r["arm"] != "hier2-learned" or r["seed"] not in args.seeds:
             continue
-        todo = [(state, level) for state in ("trained", "init") for level in (1, 2)
+        todo = [(state, level) for state in ("trained", "init") for level in args.levels
                 if (r["seed"], f"hier2-learned/level{level}/{state}") not in done]
         if not todo:
             continue
@@ -91,23 +91,25 @@ def cmd_variance(args) -> None:
         estimator = ("value" if getattr(b, "value_baseline", False) else "normalised"
                      if getattr(b, "normalize_advantage", False) else "centred")
         command = ["python", "experiments/hierarchy/run.py", "variance", "--out", args.out, "--seeds", r["seed"],
+                   "--levels", *args.levels,
                    "--samples", args.samples, "--batch-size", args.batch_size, "--reference-factor",
-                   args.reference_factor]
+                   args.reference_factor, *(["--gammas", *args.gammas] if args.gammas else [])]
         for state, level in todo:
             arm = f"hier2-learned/level{level}/{state}"
             t0 = time.perf_counter()
             rows, info = policy_gradient_variance(copy.deepcopy(models[state]), batch, samples=args.samples,
-                                                  level=level, reference_factor=args.reference_factor, seed=0)
+                                                  level=level, reference_factor=args.reference_factor, seed=0,
+                                                  gammas=tuple(args.gammas))
             print(f"{arm} seed {r['seed']}: {time.perf_counter() - t0:.0f} s", flush=True)
             records.append(args.variance, records.make(
                 "hierarchy", arm, r["seed"], command=command, run=str(run), level=level, state=state,
                 estimator=estimator, variance={**info, "rows": [dataclasses.asdict(x) for x in rows]}))
 
-def _settings(r: dict) -> tuple[int, int, int]:
-    """A variance record's measurement settings: (batch, samples, reference draws). A measurement under other
-    settings is a different measurement, so `variance` runs it and the table lists it apart."""
+def _settings(r: dict) -> tuple:
+    """A variance record's measurement settings: (batch, samples, reference draws, extra discounts). A measurement
+    under other settings is a different measurement, so `variance` runs it and the table lists it apart."""
     v = r["variance"]
-    return v["batch"], v["samples"], v["reference_samples"]
+    return v["batch"], v["samples"], v["reference_samples"], tuple(v.get("gammas", ()))
 
 
 FLOOR = 0.01
@@ -125,9 +127,10 @@ def variance_table(path: Path = VARIANCE) -> str:
     for r in every:
         groups.setdefault(_settings(r), []).append(r)
     tables = []
-    for (batch, samples, reference), rows in groups.items():
+    for (batch, samples, reference, gammas), rows in groups.items():
+        more = f", discounts {', '.join(f'{g:g}' for g in gammas)} added" if gammas else ""
         heading = "" if len(groups) == 1 else (
-            f"{samples} draws per estimator, {reference} reference draws, batches of {batch}:\n\n")
+            f"{samples} draws per estimator, {reference} reference draws, batches of {batch}{more}:\n\n")
         tables.append(heading + _variance_rows(rows, batch))
     return "\n".join(tables)
 
@@ -204,6 +207,8 @@ def main() -> None:
     va.add_argument("--samples", type=int, default=64, help="boundary draws per estimator")
     va.add_argument("--reference-factor", type=int, default=4, help="reference draws per sample")
     va.add_argument("--batch-size", type=int, default=8)
+    va.add_argument("--levels", type=int, nargs="+", default=[1, 2], choices=[1, 2])
+    va.add_argument("--gammas", type=float, nargs="*", default=[], help="discounts to measure besides the run's")
     va.add_argument("--threads", type=int, default=1, help="CPU threads (1: leave a core to other work)")
     va.add_argument("--variance", default=str(VARIANCE), help="its records file")
     for p in (rn, rp, bf, va):

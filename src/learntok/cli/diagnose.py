@@ -20,7 +20,8 @@ by sampling the boundaries of one fixed held-out batch again and again. Writes v
 examples:
   learntok diagnose variance runs/small                  # the trained model
   learntok diagnose variance runs/small --init           # the same model at initialisation
-  learntok diagnose variance runs/two-level --level 2    # a two-level model's second level"""
+  learntok diagnose variance runs/two-level --level 2    # a two-level model's second level
+  learntok diagnose variance runs/small --gammas 0.5 0    # also measure shorter discounts"""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,12 +40,17 @@ class DiagnoseArgs:
     """Seed of the boundary draws."""
     level: int = 1
     """Boundary level: 2 measures a two-level model's second level (--inner-layers), its decisions per token."""
+    gammas: tuple[float, ...] = ()
+    """Discounts to measure besides the run's own, 0.99 and 1 (each uncentred and batch-centred): which horizon
+    gives this policy a signal, before training with it."""
     out: str | None = None
     """Directory for variance.json / variance.png (default: RUN_DIR/diagnose[-init][-level2])."""
 
     def __post_init__(self) -> None:
         if self.samples < 2 or self.batch_size < 2:
             raise ValueError("--samples and --batch-size must be at least 2 (centring needs two rows)")
+        if any(not 0 <= g <= 1 for g in self.gammas):
+            raise ValueError(f"--gammas must be in [0, 1], got {' '.join(f'{g:g}' for g in self.gammas)}")
 
 
 def cmd_diagnose(argv: list[str]) -> int:
@@ -73,7 +79,8 @@ def cmd_diagnose(argv: list[str]) -> int:
     if len(seqs) < a.batch_size:
         raise UsageError(f"the validation split has {len(seqs)} sequences, fewer than --batch-size {a.batch_size}")
     batch = torch.from_numpy(seqs.batch(range(a.batch_size)))
-    rows, info = policy_gradient_variance(model, batch, samples=a.samples, seed=a.seed, level=a.level)
+    rows, info = policy_gradient_variance(model, batch, samples=a.samples, seed=a.seed, level=a.level,
+                                           gammas=a.gammas)
     table = format_table(rows, info)
     print(f"{a.run} ({'initialisation' if a.init else 'trained'})\n{table}")
     run_dir = Path(a.run) if (Path(a.run) / "config.json").exists() else Path(a.run).parent

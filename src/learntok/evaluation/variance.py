@@ -10,7 +10,8 @@ forward pass, so the variants are compared on the same draws:
     to-go        A_t = sum_{k>=t} r_k                    a decision is credited only with what it can reach
     gamma=G      A_t = sum_j G^j r_{t+j}                 discounted (biased for G < 1)
     centred      A_t - mean over the batch's rows        batch-relative advantage (eq. 17), with gamma 1 and with
-                                                         the run's gamma
+                                                         the run's gamma ("centred"); `gammas` adds "gamma=G" and
+                                                         "centred, gamma=G" for other discounts
     value        (G_t - V(X_t)) centred                  the learned state baseline, --value-baseline (only for a
                                                          model that has one; the run's gamma)
     normalised   ... / batch standard deviation          --normalize-advantage
@@ -81,7 +82,7 @@ def _advantages(name: str, r: torch.Tensor, total: torch.Tensor, keep: torch.Ten
         return discounted_returns(r, 1.0)
     if name.startswith("gamma="):
         return discounted_returns(r, float(name[6:]))
-    g = discounted_returns(r, 1.0 if name == "centred, gamma=1" else gamma)
+    g = discounted_returns(r, float(name[15:]) if name.startswith("centred, gamma=") else gamma)
     if name == "value":
         g = g - value
     adv = batch_relative_advantage(g, keep)
@@ -90,11 +91,13 @@ def _advantages(name: str, r: torch.Tensor, total: torch.Tensor, keep: torch.Ten
     return adv
 
 
-def variant_names(gamma: float, value: bool = False) -> list[str]:
-    """The estimators measured, in chain order; "value" only for a model with a learned baseline."""
-    gammas = sorted({*GAMMAS, gamma} - {1.0}, reverse=True)
-    return ["naive", "relative", "to-go", *(f"gamma={g:g}" for g in gammas), "centred, gamma=1", "centred",
-            *(["value"] if value else []), "normalised"]
+def variant_names(gamma: float, value: bool = False, extra: tuple[float, ...] = ()) -> list[str]:
+    """The estimators measured, in chain order; "value" only for a model with a learned baseline; each discount in
+    `extra` (other than the run's and 1) adds its uncentred and its centred estimator."""
+    other = sorted({float(g) for g in extra} - {gamma, 1.0}, reverse=True)
+    gammas = sorted({*GAMMAS, gamma, *other} - {1.0}, reverse=True)
+    return ["naive", "relative", "to-go", *(f"gamma={g:g}" for g in gammas), "centred, gamma=1",
+            *(f"centred, gamma={g:g}" for g in other), "centred", *(["value"] if value else []), "normalised"]
 
 
 def _decisions(out, targets: torch.Tensor, level: int):
@@ -119,18 +122,22 @@ def _decisions(out, targets: torch.Tensor, level: int):
 
 
 def policy_gradient_variance(model, batch: torch.Tensor, *, samples: int = 64, reference_factor: int = 16,
-                             seed: int = 0, level: int = 1) -> tuple[list[VariantStats], dict]:
+                             seed: int = 0, level: int = 1, gammas: tuple[float, ...] = ()
+                             ) -> tuple[list[VariantStats], dict]:
     """Variance, SNR and cosine to a reference of the policy-gradient estimators on `batch` (B, T+1) (BOS
     first), for a model whose strategy learns by the score function; level 2: a two-level model's second level
-    (its decisions per token, gamma per token). Returns (rows, info)."""
+    (its decisions per token, gamma per token). `gammas`: discounts to measure besides the run's (0 to 1), each
+    uncentred and centred. Returns (rows, info)."""
     check_level(model, level)
     strategy = model.boundary if level == 1 else model.inner
     if strategy.learns_by != "score_function":
         raise ValueError(f"diagnose variance: the {model.bcfg.boundaries} strategy has no policy gradient")
     was_training = model.training
     model.train()
-    gamma = float(model.bcfg.gamma)
-    names = variant_names(gamma, value=getattr(strategy, "value", None) is not None)
+    if any(not 0 <= g <= 1 for g in gammas):
+        raise ValueError(f"diagnose variance: discounts must be in [0, 1], got {list(gammas)}")
+    gamma = float(strategy.cfg.gamma)  # the level's own (a second level may have its own discount)
+    names = variant_names(gamma, value=getattr(strategy, "value", None) is not None, extra=gammas)
     groups = {"policy": [p for p in strategy.parameters() if p.requires_grad]}
     if not model.bcfg.detach_encoder:  # what the policy reads: the byte encoder, or the inner layers below it
         groups["encoder"] = ([p for n, p in model.named_parameters() if n.startswith(("embed", "down"))]
@@ -176,7 +183,7 @@ def policy_gradient_variance(model, batch: torch.Tensor, *, samples: int = 64, r
                                      float(torch.nn.functional.cosine_similarity(mean, reference, dim=0)),
                                      float(mean.norm() / reference.norm().clamp(min=1e-30))))
     info = {"batch": B, "seq_len": T, "level": level, "samples": samples,
-            "reference_samples": samples * reference_factor, "gamma": gamma,
+            "reference_samples": samples * reference_factor, "gamma": gamma, "gammas": sorted(set(gammas)),
             "groups": {g: sum(p.numel() for p in ps) for g, ps in groups.items()}}
     return rows, info
 
