@@ -1407,10 +1407,11 @@ def test_hierarchy_variance_table_lists_each_measurement_setting_apart(tmp_path)
     run = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(run)
 
-    def record(seed, samples, snr):
-        rows = [{"name": n, "group": "policy", "snr": snr} for n in ("normalised", "centred, gamma=1")]
+    def record(seed, samples, snr, gammas=()):
+        names = ("normalised", "centred, gamma=1", "centred", *(f"centred, gamma={g:g}" for g in gammas))
+        rows = [{"name": n, "group": "policy", "snr": snr * (i + 1), "cosine": 0.5} for i, n in enumerate(names)]
         variance = {"batch": 8, "samples": samples, "reference_samples": 4 * samples, "groups": {"policy": 128},
-                    "rows": rows}
+                    "rows": rows, "gamma": 0.9, **({"gammas": list(gammas)} if gammas else {})}
         return records.make("hierarchy", "hier2-learned/level2/trained", seed, command="x",
                             prov={"git_sha": "0" * 40}, level=2, state="trained", estimator="normalised",
                             variance=variance)
@@ -1424,3 +1425,9 @@ def test_hierarchy_variance_table_lists_each_measurement_setting_apart(tmp_path)
     assert "64 draws per estimator, 256 reference draws" in two and "256 draws per estimator, 1024" in two
     assert "| 2 | trained | 1 | 0.1250 (0.1250) | 8 |" in two and "| 2 | trained | 2 | 0.3750" in two
     assert run._settings(records.load(path)[2]) == (8, 256, 1024, ())
+    records.write(path, [record(0, 64, 0.5), record(0, 64, 0.01, gammas=(0.0,)), record(1, 64, 0.03, gammas=(0.0,))])
+    three = run.variance_table(path)
+    assert "discounts 0 added" in three and "| 2 | trained | 2 | 0.0200 (0.0100, 0.0300) |" in three
+    assert "| 2 | trained | 2 | 0.9 (the run's) | 0.0600 (0.0300, 0.0900) | 0.50 |" in three
+    assert "| 2 | trained | 2 | 0 | 0.0800 (0.0400, 0.1200) | 0.50 |" in three
+    assert "| 2 | trained | 2 | 1 | 0.0400 (0.0200, 0.0600) |" in three and "(0.5000)" in three

@@ -131,8 +131,33 @@ def variance_table(path: Path = VARIANCE) -> str:
         more = f", discounts {', '.join(f'{g:g}' for g in gammas)} added" if gammas else ""
         heading = "" if len(groups) == 1 else (
             f"{samples} draws per estimator, {reference} reference draws, batches of {batch}{more}:\n\n")
-        tables.append(heading + _variance_rows(rows, batch))
+        tables.append(heading + _variance_rows(rows, batch) + (("\n" + _discount_rows(rows)) if gammas else ""))
     return "\n".join(tables)
+
+
+def _discount_rows(rows: list[dict]) -> str:
+    """For records that measured other discounts: the batch-centred estimator's SNR and its mean's cosine to the
+    reference (centred, γ = 1, many draws) at each discount, the run's and 1 included (γ per token at level 2)."""
+    def stat(r, name, key):
+        return next(x[key] for x in r["variance"]["rows"] if x["group"] == "policy" and x["name"] == name)
+
+    lines = ["| level | state | seeds | γ | SNR, centred, mean (per seed) | cosine to the reference, mean |",
+             "|---|---|---|---|---|---|"]
+    for level in (1, 2):
+        for state in ("init", "trained"):
+            rs = sorted((r for r in rows if r["level"] == level and r["state"] == state), key=lambda r: r["seed"])
+            if not rs:
+                continue
+            run = rs[0]["variance"]["gamma"]
+            gammas = sorted({1.0, run, *rs[0]["variance"]["gammas"]}, reverse=True)
+            for g in gammas:
+                name = "centred" if g == run else f"centred, gamma={g:g}"
+                snr = [stat(r, name, "snr") for r in rs]
+                cos = sum(stat(r, name, "cosine") for r in rs) / len(rs)
+                tag = " (the run's)" if g == run else ""
+                lines.append(f"| {level} | {state} | {len(rs)} | {g:g}{tag} | {sum(snr) / len(snr):.4f} "
+                             f"({', '.join(f'{x:.4f}' for x in snr)}) | {cos:.2f} |")
+    return "\n".join(lines) + "\n"
 
 
 def _variance_rows(rows: list[dict], batch: int) -> str:
