@@ -408,6 +408,9 @@ def test_cli_trains_resumes_evaluates_and_generates(tmp_path, text_corpus, capsy
     (["--boundaries", "whitespace"], "--inner-layers needs --boundaries learned or uniform"),
     (["--rate-range", "0.1", "0.3"], "--inner-layers does not combine with --rate-range"),
     (["--inner-rate", "1.5"], "inner_rate in (0, 1)"),
+    (["--boundaries", "uniform", "--inner-gamma", "0.5"], "--inner-gamma needs --boundaries learned"),
+    (["--inner-gamma", "1.5"], "--inner-gamma needs --inner-layers and a value in [0, 1]"),
+    (["--inner-layers", "0", "--inner-gamma", "0.5"], "--inner-gamma needs --inner-layers"),
 ])
 def test_bad_hierarchies_are_one_line(tmp_path, capsys, extra, message):
     from learntok.cli import main

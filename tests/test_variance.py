@@ -117,19 +117,20 @@ def test_other_discounts_are_measured_uncentred_and_centred():
         policy_gradient_variance(model, batch, samples=3, gammas=(1.5,))
 
 
-def _run_estimator_against_own_loss(model, batch, level, strategy, monkeypatch) -> float:
-    """Cosine, on one draw, of the diagnostic's run estimator to the gradient of the strategy's own policy loss."""
+def _run_estimator_against_own_loss(model, batch, level, strategy, monkeypatch, gamma=None) -> float:
+    """Cosine, on one draw, of the diagnostic's run estimator (at discount `gamma`, default the strategy's own) to
+    the gradient of the strategy's own policy loss."""
     from learntok.evaluation.variance import _advantages, _decisions
 
     captured = {}
-    real = strategy.losses
+    real = type(strategy).losses.__get__(strategy)  # the class method, whatever an earlier call patched
     monkeypatch.setattr(strategy, "losses", lambda *a, **k: captured.setdefault("aux", real(*a, **k)))
     ids, targets = batch[:, :-1], batch[:, 1:]
     out = model(ids, targets, noise=torch.rand(ids.shape, generator=torch.Generator().manual_seed(5)))
     bo, r, total, keep = _decisions(out, targets, level)
     assert keep.sum() > 4 and r.shape == bo.mask.shape
     adv = _advantages("normalised" if model.bcfg.normalize_advantage else "centred", r, total, keep,
-                      float(model.bcfg.gamma))
+                      float(strategy.cfg.gamma if gamma is None else gamma))
     params = [p for p in strategy.parameters() if p.requires_grad]
     ours = torch.autograd.grad((bo.log_prob * adv * keep).sum(), params, retain_graph=True)
     theirs = torch.autograd.grad(captured["aux"]["loss/policy"], params)
@@ -160,5 +161,12 @@ def test_the_second_level_is_measured_with_the_estimator_its_training_loss_uses(
     assert info["groups"]["policy"] == sum(p.numel() for p in params)
 
     assert _run_estimator_against_own_loss(model, batch, 2, model.inner, monkeypatch) < -0.9999
+    # --inner-gamma: the second level trains with its own discount per token, and is measured with it
+    own = build_model("learned", None, {"inner_layers": 1, "inner_rate": 0.5, "inner_gamma": 0.3}, policy_window=0,
+                      gamma=0.9)
+    assert own.inner.cfg.gamma == 0.3 and own.boundary.cfg.gamma == 0.9
+    assert policy_gradient_variance(own, batch, samples=2, reference_factor=1, level=2)[1]["gamma"] == 0.3
+    assert _run_estimator_against_own_loss(own, batch, 2, own.inner, monkeypatch) < -0.9999
+    assert _run_estimator_against_own_loss(own, batch, 2, own.inner, monkeypatch, gamma=0.9) > -0.999
     with pytest.raises(ValueError, match="boundary level 2: this model has one level"):
         policy_gradient_variance(build_model("learned", policy_window=0), batch, samples=2, level=2)

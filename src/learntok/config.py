@@ -100,6 +100,10 @@ class ModelConfig:
     uniform) at --inner-rate; 0: one level, the paper's U-Net (docs/method.md §9)."""
     inner_rate: float = 0.5
     """With --inner-layers: the second level's target rate, super-token boundaries per token."""
+    inner_gamma: float | None = None
+    """With --inner-layers and --boundaries learned: the second level's discount per token (its returns sum
+    gamma'^k R_{j+k} over the tokens after j); None: --gamma, the first level's discount per byte. Below 1 it
+    biases the second level's gradient for lower variance, as --gamma does the first's (docs/method.md §9)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ngram_sizes", tuple(int(n) for n in self.ngram_sizes))  # JSON gives a list
@@ -115,6 +119,9 @@ class ModelConfig:
         if self.inner_layers < 0 or not 0 < self.inner_rate < 1:
             raise ValueError(f"inner_layers must be >= 0 and inner_rate in (0, 1), got {self.inner_layers}, "
                              f"{self.inner_rate:g}")
+        if self.inner_gamma is not None and (not self.inner_layers or not 0 <= self.inner_gamma <= 1):
+            raise ValueError(f"--inner-gamma needs --inner-layers and a value in [0, 1], got {self.inner_gamma:g} "
+                             f"with --inner-layers {self.inner_layers}")
         if self.inner_layers and self.arch != "unet":
             raise ValueError("--inner-layers (a second boundary level) needs --arch unet")
 

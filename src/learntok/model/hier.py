@@ -17,7 +17,7 @@ Estimator (learned). A boundary's return counts rewards its decision can reach, 
 - second level: per token j, R_j = sum over the bytes t that read token j of log p(x_{t+1}) - log p_early2(x_{t+1}),
   where early2 reads X + Z[c(t)] (the hierarchy without its second level). It depends on the first level's
   boundaries but not on the second's, so it is a baseline for the second level's decisions (no bias given the
-  first). Returns are discounted per token (gamma per token, not per byte).
+  first). Returns are discounted per token (gamma per token, not per byte; --inner-gamma sets its own).
 Both policies see rewards of the full model, so each term is a score-function estimate of the gradient of the
 same objective (E over both levels' draws; the second is drawn given the first). The second level's policy loss
 is summed over its decisions and divided by the first level's decision count, not by its own (a random count
@@ -113,10 +113,13 @@ def _pad_columns(out: BoundaryOutput, T: int) -> BoundaryOutput:
     return dataclasses.replace(out, **changes)
 
 
-def unsupported(bcfg) -> list[str]:
-    """What a two-level model cannot run with these boundary options: one line each, empty if nothing. The config
-    check (before any work) and the model's constructor both ask it."""
+def unsupported(bcfg, cfg=None) -> list[str]:
+    """What a two-level model cannot run with these boundary options (and model config `cfg`): one line each,
+    empty if nothing. The config check (before any work) and the model's constructor both ask it."""
     problems = []
+    if cfg is not None and cfg.inner_gamma is not None and not hasattr(bcfg, "gamma"):
+        problems.append(f"--inner-gamma needs --boundaries learned (a discount of policy-gradient returns), got "
+                        f"{bcfg.boundaries}")
     if bcfg.boundaries not in INNER_STRATEGIES:
         problems.append(f"--inner-layers needs --boundaries {' or '.join(INNER_STRATEGIES)} (its second level uses "
                         f"the first's strategy), got {bcfg.boundaries}")
@@ -132,14 +135,15 @@ class HierLM(ByteLM):
     """Boundary levels `learntok.draw` can draw (`super_boundaries`: the second)."""
 
     def __init__(self, cfg, bcfg):
-        if problems := unsupported(bcfg):
+        if problems := unsupported(bcfg, cfg):
             raise ValueError("; ".join(problems))
         super().__init__(cfg, bcfg)
         d, H, N = cfg.d_model, cfg.n_heads, cfg.inner_layers
         hidden = round(cfg.token_mlp_mult * d)
         self.inner_down = nn.ModuleList(Block(d, H, hidden, None, cfg.attn_softcap, cfg.attn_backend) for _ in range(N))
         self.inner_up = nn.ModuleList(Block(d, H, hidden, None, cfg.attn_softcap, cfg.attn_backend) for _ in range(N))
-        self.inner = build_strategy(dataclasses.replace(bcfg, target_rate=cfg.inner_rate, force_last=False), d)
+        own = {} if cfg.inner_gamma is None else {"gamma": cfg.inner_gamma}  # --inner-gamma: its own discount
+        self.inner = build_strategy(dataclasses.replace(bcfg, target_rate=cfg.inner_rate, force_last=False, **own), d)
         for part in (self.inner_down, self.inner_up):
             part.apply(self._init)
         self.inner.reset_parameters(cfg.init_std)

@@ -58,7 +58,7 @@ def check_config(cfg: TrainConfig) -> None:
     if mc.inner_layers:
         from learntok.model.hier import unsupported
 
-        problems += unsupported(cfg.boundary)
+        problems += unsupported(cfg.boundary, mc)
     if cfg.optim.schedule == "time" and cfg.time_budget <= 0:
         problems.append("--schedule time needs --time-budget SECONDS")
     if cfg.optim.schedule == "flops" and cfg.flops_budget <= 0:
