@@ -1407,27 +1407,34 @@ def test_hierarchy_variance_table_lists_each_measurement_setting_apart(tmp_path)
     run = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(run)
 
-    def record(seed, samples, snr, gammas=()):
+    def record(seed, samples, snr, gammas=(), arm="hier2-learned"):
         names = ("normalised", "centred, gamma=1", "centred", *(f"centred, gamma={g:g}" for g in gammas))
         rows = [{"name": n, "group": "policy", "snr": snr * (i + 1), "cosine": 0.5} for i, n in enumerate(names)]
         variance = {"batch": 8, "samples": samples, "reference_samples": 4 * samples, "groups": {"policy": 128},
                     "rows": rows, "gamma": 0.9, **({"gammas": list(gammas)} if gammas else {})}
-        return records.make("hierarchy", "hier2-learned/level2/trained", seed, command="x",
+        return records.make("hierarchy", f"{arm}/level2/trained", seed, command="x",
                             prov={"git_sha": "0" * 40}, level=2, state="trained", estimator="normalised",
                             variance=variance)
 
     path = tmp_path / "records-variance.jsonl"
     records.write(path, [record(0, 64, 0.5), record(1, 64, 0.25)])
     one = run.variance_table(path)
-    assert "| 2 | trained | 2 | 0.3750 (0.5000, 0.2500) | 2, 4 |" in one and "draws per estimator" not in one
+    assert "| hier2-learned | 2 | trained | 2 | 0.3750 (0.5000, 0.2500) | 2, 4 |" in one
+    assert "draws per estimator" not in one
     records.write(path, [record(0, 64, 0.5), record(1, 64, 0.25), record(0, 256, 0.125)])
     two = run.variance_table(path)
     assert "64 draws per estimator, 256 reference draws" in two and "256 draws per estimator, 1024" in two
-    assert "| 2 | trained | 1 | 0.1250 (0.1250) | 8 |" in two and "| 2 | trained | 2 | 0.3750" in two
+    assert "| hier2-learned | 2 | trained | 1 | 0.1250 (0.1250) | 8 |" in two
+    assert "| hier2-learned | 2 | trained | 2 | 0.3750" in two
     assert run._settings(records.load(path)[2]) == (8, 256, 1024, ())
     records.write(path, [record(0, 64, 0.5), record(0, 64, 0.01, gammas=(0.0,)), record(1, 64, 0.03, gammas=(0.0,))])
     three = run.variance_table(path)
-    assert "discounts 0 added" in three and "| 2 | trained | 2 | 0.0200 (0.0100, 0.0300) |" in three
-    assert "| 2 | trained | 2 | 0.9 (the run's) | 0.0600 (0.0300, 0.0900) | 0.50 |" in three
-    assert "| 2 | trained | 2 | 0 | 0.0800 (0.0400, 0.1200) | 0.50 |" in three
-    assert "| 2 | trained | 2 | 1 | 0.0400 (0.0200, 0.0600) |" in three and "(0.5000)" in three
+    assert "discounts 0 added" in three and "| hier2-learned | 2 | trained | 1 | 0.5000 (0.5000) | 2 |" in three
+    assert three.count("for SNR 1") == 1  # the discounts' setting gets the discount table only
+    assert "| hier2-learned | 2 | trained | 2 | 0.9 (the run's) | 0.0600 (0.0300, 0.0900) | 0.50 |" in three
+    assert "| hier2-learned | 2 | trained | 2 | 0 | 0.0800 (0.0400, 0.1200) | 0.50 |" in three
+    assert "| hier2-learned | 2 | trained | 2 | 1 | 0.0400 (0.0200, 0.0600) |" in three
+    records.write(path, [record(0, 64, 0.5), record(0, 64, 0.25, arm="hier2-learned-g03")])  # arms apart
+    four = run.variance_table(path)
+    assert "| hier2-learned | 2 | trained | 1 | 0.5000" in four
+    assert "| hier2-learned-g03 | 2 | trained | 1 | 0.2500" in four

@@ -31,8 +31,12 @@ HERE = Path(__file__).resolve().parent
 RECORDS = HERE / "records.jsonl"
 VARIANCE = HERE / "records-variance.jsonl"
 """The two-level learned runs' policy gradients at each level (`variance`), one record per (seed, level, state)."""
-ARMS = ["hier1-learned", "hier2-learned", "hier1-uniform", "hier2-uniform"]
+ARMS = ["hier1-learned", "hier2-learned", "hier1-uniform", "hier2-uniform", "hier2-learned-g03"]
+LEARNED2 = ["hier2-learned", "hier2-learned-g03"]
+"""The two-level arms whose second level learns by the score function (`variance` measures them)."""
 PAIRS = [("hier2-learned", "hier1-learned"), ("hier2-uniform", "hier1-uniform"), ("hier2-learned", "hier2-uniform"),
+         ("hier2-learned-g03", "hier2-learned"), ("hier2-learned-g03", "hier1-learned"),
+         ("hier2-learned-g03", "hier2-uniform"),
          ("hier1-learned", "hier1-uniform")]
 """(arm, base): base − arm in test BPB, paired by seed (positive: arm better)."""
 RATE = 0.2
@@ -60,7 +64,7 @@ def cmd_backfill(args) -> None:
 
 
 def cmd_variance(args) -> None:
-    """Why does the second level's policy not learn? On each trained `hier2-learned` run (and its initialisation),
+    """Why does the second level's policy not learn? On each trained run of --arms (and its initialisation),
     the policy gradient's variance and SNR at both levels (learntok.evaluation.variance, the run's estimator
     among the others), on the first --batch-size validation sequences; a record per (seed, level, state)."""
     import torch
@@ -75,10 +79,10 @@ def cmd_variance(args) -> None:
     asked = (args.batch_size, args.samples, args.samples * args.reference_factor, tuple(sorted(set(args.gammas))))
     done = {(r["seed"], r["arm"]) for r in records.load(args.variance) if _settings(r) == asked}
     for r in arms.load_results(Path(args.results))["arms"]:
-        if r["arm"] != "hier2-learned" or r["seed"] not in args.seeds:
+        if r["arm"] not in args.arms or r["seed"] not in args.seeds:
             continue
         todo = [(state, level) for state in ("trained", "init") for level in args.levels
-                if (r["seed"], f"hier2-learned/level{level}/{state}") not in done]
+                if (r["seed"], f"{r['arm']}/level{level}/{state}") not in done]
         if not todo:
             continue
         run = Path(args.out) / Path(r["command"].split(" --out ")[1].split()[0]).name
@@ -90,12 +94,13 @@ def cmd_variance(args) -> None:
         b = cfg.boundary
         estimator = ("value" if getattr(b, "value_baseline", False) else "normalised"
                      if getattr(b, "normalize_advantage", False) else "centred")
-        command = ["python", "experiments/hierarchy/run.py", "variance", "--out", args.out, "--seeds", r["seed"],
+        command = ["python", "experiments/hierarchy/run.py", "variance", "--out", args.out, "--arms", r["arm"],
+                   "--seeds", r["seed"],
                    "--levels", *args.levels,
                    "--samples", args.samples, "--batch-size", args.batch_size, "--reference-factor",
                    args.reference_factor, *(["--gammas", *args.gammas] if args.gammas else [])]
         for state, level in todo:
-            arm = f"hier2-learned/level{level}/{state}"
+            arm = f"{r['arm']}/level{level}/{state}"
             t0 = time.perf_counter()
             rows, info = policy_gradient_variance(copy.deepcopy(models[state]), batch, samples=args.samples,
                                                   level=level, reference_factor=args.reference_factor, seed=0,
@@ -117,70 +122,69 @@ FLOOR = 0.01
 
 
 def variance_table(path: Path = VARIANCE) -> str:
-    """The policy gradient's SNR at each level (mean over seeds, and per seed): the run's estimator and the
-    batch-centred one with gamma 1; per seed, the batches whose mean gradient reaches SNR 1 (1 / SNR, "–" within
-    the floor)."""
+    """The policy gradient's SNR at each level (mean over seeds, and per seed), a table per measurement setting:
+    under the default one, the run's estimator and the batch-centred one with gamma 1, and per seed the batches
+    whose mean gradient reaches SNR 1 (1 / SNR, "–" within the floor); where other discounts were measured, the
+    batch-centred estimator at each of them."""
     from learntok import records
 
-    every = records.load(path)
     groups = {}
-    for r in every:
+    for r in records.load(path):
         groups.setdefault(_settings(r), []).append(r)
     tables = []
     for (batch, samples, reference, gammas), rows in groups.items():
         more = f", discounts {', '.join(f'{g:g}' for g in gammas)} added" if gammas else ""
         heading = "" if len(groups) == 1 else (
             f"{samples} draws per estimator, {reference} reference draws, batches of {batch}{more}:\n\n")
-        tables.append(heading + _variance_rows(rows, batch) + (("\n" + _discount_rows(rows)) if gammas else ""))
+        tables.append(heading + (_discount_rows(rows) if gammas else _variance_rows(rows, batch)))
     return "\n".join(tables)
+
+
+def _cells(rows: list[dict]):
+    """(arm, level, state, that cell's records by seed) in a fixed order; arm is the trained run's arm."""
+    for arm in dict.fromkeys(r["arm"].split("/")[0] for r in rows):
+        for level in (1, 2):
+            for state in ("init", "trained"):
+                rs = sorted((r for r in rows if r["arm"] == f"{arm}/level{level}/{state}"), key=lambda r: r["seed"])
+                if rs:
+                    yield arm, level, state, rs
+
+
+def _stat(r: dict, name: str, key: str = "snr") -> float:
+    return next(x[key] for x in r["variance"]["rows"] if x["group"] == "policy" and x["name"] == name)
 
 
 def _discount_rows(rows: list[dict]) -> str:
     """For records that measured other discounts: the batch-centred estimator's SNR and its mean's cosine to the
     reference (centred, γ = 1, many draws) at each discount, the run's and 1 included (γ per token at level 2)."""
-    def stat(r, name, key):
-        return next(x[key] for x in r["variance"]["rows"] if x["group"] == "policy" and x["name"] == name)
-
-    lines = ["| level | state | seeds | γ | SNR, centred, mean (per seed) | cosine to the reference, mean |",
-             "|---|---|---|---|---|---|"]
-    for level in (1, 2):
-        for state in ("init", "trained"):
-            rs = sorted((r for r in rows if r["level"] == level and r["state"] == state), key=lambda r: r["seed"])
-            if not rs:
-                continue
-            run = rs[0]["variance"]["gamma"]
-            gammas = sorted({1.0, run, *rs[0]["variance"]["gammas"]}, reverse=True)
-            for g in gammas:
-                name = "centred" if g == run else f"centred, gamma={g:g}"
-                snr = [stat(r, name, "snr") for r in rs]
-                cos = sum(stat(r, name, "cosine") for r in rs) / len(rs)
-                tag = " (the run's)" if g == run else ""
-                lines.append(f"| {level} | {state} | {len(rs)} | {g:g}{tag} | {sum(snr) / len(snr):.4f} "
-                             f"({', '.join(f'{x:.4f}' for x in snr)}) | {cos:.2f} |")
+    lines = ["| arm | level | state | seeds | γ | SNR, centred, mean (per seed) | cosine to the reference, mean |",
+             "|---|---|---|---|---|---|---|"]
+    for arm, level, state, rs in _cells(rows):
+        run = rs[0]["variance"]["gamma"]
+        for g in sorted({1.0, run, *rs[0]["variance"]["gammas"]}, reverse=True):
+            name = "centred" if g == run else f"centred, gamma={g:g}"
+            snr = [_stat(r, name) for r in rs]
+            cos = sum(_stat(r, name, "cosine") for r in rs) / len(rs)
+            tag = " (the run's)" if g == run else ""
+            lines.append(f"| {arm} | {level} | {state} | {len(rs)} | {g:g}{tag} | {sum(snr) / len(snr):.4f} "
+                         f"({', '.join(f'{x:.4f}' for x in snr)}) | {cos:.2f} |")
     return "\n".join(lines) + "\n"
 
 
 def _variance_rows(rows: list[dict], batch: int) -> str:
-    """variance_table's table for records of one measurement setting."""
-    lines = ["| level | state | seeds | SNR, run's estimator, mean (per seed) | "
+    """variance_table's table for records of the default setting."""
+    lines = ["| arm | level | state | seeds | SNR, run's estimator, mean (per seed) | "
              f"batches of {batch} for SNR 1, per seed | "
              f"seeds within the floor (≤ {FLOOR}) | SNR, centred, γ = 1 | policy parameters |",
-             "|---|---|---|---|---|---|---|---|"]
-    def snr(r, name):
-        return next(x["snr"] for x in r["variance"]["rows"] if x["group"] == "policy" and x["name"] == name)
-
-    for level in (1, 2):
-        for state in ("init", "trained"):
-            rs = sorted((r for r in rows if r["level"] == level and r["state"] == state), key=lambda r: r["seed"])
-            if not rs:
-                continue
-            run = [snr(r, r.get("estimator", "normalised")) for r in rs]
-            mean = sum(run) / len(run)
-            flat = sum(x <= FLOOR for x in run)
-            need = ", ".join(f"{1 / x:.0f}" if x > FLOOR else "–" for x in run)
-            lines.append(f"| {level} | {state} | {len(rs)} | {mean:.4f} ({', '.join(f'{x:.4f}' for x in run)}) | "
-                         f"{need} | {flat} | {sum(snr(r, 'centred, gamma=1') for r in rs) / len(rs):.4f} | "
-                         f"{rs[0]['variance']['groups']['policy']:,} |")
+             "|---|---|---|---|---|---|---|---|---|"]
+    for arm, level, state, rs in _cells(rows):
+        run = [_stat(r, r.get("estimator", "normalised")) for r in rs]
+        flat = sum(x <= FLOOR for x in run)
+        need = ", ".join(f"{1 / x:.0f}" if x > FLOOR else "–" for x in run)
+        lines.append(f"| {arm} | {level} | {state} | {len(rs)} | {sum(run) / len(run):.4f} "
+                     f"({', '.join(f'{x:.4f}' for x in run)}) | {need} | {flat} | "
+                     f"{sum(_stat(r, 'centred, gamma=1') for r in rs) / len(rs):.4f} | "
+                     f"{rs[0]['variance']['groups']['policy']:,} |")
     return "\n".join(lines) + "\n"
 
 
@@ -199,11 +203,12 @@ def report(path: Path = RECORDS) -> str:
     lines += [f"| {b} − {a} | {arms.paired(rows, a, b)} |" for a, b in PAIRS]
     inner = [r for r in rows if "boundary/inner_neg_log_pi" in r.get("train_last", {})]
     if inner:
-        lines += ["", "| two-level learned, seed | second level: −log π per decision | its rate | L_early2 | "
-                  "L_early | first level's best F1 over shifts |", "|---|---|---|---|---|---|"]
+        lines += ["", "| two-level learned | seed | second level: −log π per decision | its rate | L_early2 | "
+                  "L_early | first level's best F1 over shifts |", "|---|---|---|---|---|---|---|"]
         for r in inner:
             t = r["train_last"]
-            lines.append(f"| {r['seed']} | {t['boundary/inner_neg_log_pi']:.4f} | {t['boundary/inner_rate']:.3f} | "
+            lines.append(f"| {r['arm']} | {r['seed']} | {t['boundary/inner_neg_log_pi']:.4f} | "
+                         f"{t['boundary/inner_rate']:.3f} | "
                          f"{t['loss/early2']:.4f} | {t['loss/early']:.4f} | "
                          f"{max(r['test']['f1_by_shift'].values()):.3f} |")
     table = variance_table(path.with_name(VARIANCE.name))
@@ -232,6 +237,7 @@ def main() -> None:
     va.add_argument("--samples", type=int, default=64, help="boundary draws per estimator")
     va.add_argument("--reference-factor", type=int, default=4, help="reference draws per sample")
     va.add_argument("--batch-size", type=int, default=8)
+    va.add_argument("--arms", nargs="+", default=["hier2-learned"], choices=LEARNED2)
     va.add_argument("--levels", type=int, nargs="+", default=[1, 2], choices=[1, 2])
     va.add_argument("--gammas", type=float, nargs="*", default=[], help="discounts to measure besides the run's")
     va.add_argument("--threads", type=int, default=1, help="CPU threads (1: leave a core to other work)")
