@@ -1438,3 +1438,34 @@ def test_hierarchy_variance_table_lists_each_measurement_setting_apart(tmp_path)
     four = run.variance_table(path)
     assert "| hier2-learned | 2 | trained | 1 | 0.5000" in four
     assert "| hier2-learned-g03 | 2 | trained | 1 | 0.2500" in four
+
+
+def test_hierarchy_loss_spread_separates_the_levels_draws(tmp_path):
+    """experiments/hierarchy sensitivity: fixed patches and fixed pairs draw nothing, so the loss does not spread;
+    a learned second level under a held first level spreads it over its own draws only; the table reads the
+    records per arm and state."""
+    import torch
+
+    from learntok.vocab import BOS
+
+    from .conftest import build_model
+
+    spec = importlib.util.spec_from_file_location("hier_run", Path(arms.__file__).parent / "hierarchy" / "run.py")
+    run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run)
+    batch = torch.randint(32, 127, (3, 49), generator=torch.Generator().manual_seed(0))
+    batch[:, 0] = BOS
+    ids, targets = batch[:, :-1], batch[:, 1:]
+    fixed = run.loss_spread(build_model("uniform", None, {"inner_layers": 1, "inner_rate": 0.5}), ids, targets, 2, 3)
+    assert fixed["byte_sd_second"] == 0 and fixed["byte_sd_first"] == 0 and fixed["loss"] > 0
+    model = build_model("learned", None, {"inner_layers": 1, "inner_rate": 0.5}, policy_window=0)
+    learned = run.loss_spread(model, ids, targets, 3, 4)
+    assert learned["byte_sd_second"] > 0 and learned["byte_sd_first"] > 0 and model.training
+    assert learned["row_sd_second"] < learned["byte_sd_second"]  # a sequence's mean averages bytes' spread
+
+    path = tmp_path / "records-sensitivity.jsonl"
+    records.write(path, [records.make("hierarchy", f"hier2-learned/sensitivity/{state}", seed, command="x",
+                                      prov={"git_sha": "0" * 40}, state=state, draws=[3, 4], batch=3, **learned)
+                         for state in ("init", "trained") for seed in (0, 1)])
+    text = run.sensitivity_table(path)
+    assert text.count("| hier2-learned |") == 2 and "| hier2-learned | trained | 2 |" in text

@@ -29,6 +29,8 @@ import arms  # noqa: E402  (experiments/arms.py)
 
 HERE = Path(__file__).resolve().parent
 RECORDS = HERE / "records.jsonl"
+SENSITIVITY = HERE / "records-sensitivity.jsonl"
+"""How much the loss depends on each level's draw (`sensitivity`), one record per (arm, seed, state)."""
 VARIANCE = HERE / "records-variance.jsonl"
 """The two-level learned runs' policy gradients at each level (`variance`), one record per (seed, level, state)."""
 ARMS = ["hier1-learned", "hier2-learned", "hier1-uniform", "hier2-uniform", "hier2-learned-g03"]
@@ -109,6 +111,99 @@ def cmd_variance(args) -> None:
             records.append(args.variance, records.make(
                 "hierarchy", arm, r["seed"], command=command, run=str(run), level=level, state=state,
                 estimator=estimator, variance={**info, "rows": [dataclasses.asdict(x) for x in rows]}))
+
+def cmd_sensitivity(args) -> None:
+    """Does the trained model still use the second level's grouping? On each run of --arms (trained and at
+    initialisation), how much the loss moves between draws of the second level with the first level's draw held,
+    against how much it moves between draws of the first level: F first-level draws of --batch-size validation
+    sequences, K second-level draws under each (noise composed with learntok.model.hier.compose_uniforms), the
+    model in training mode as the estimator sees it. A record per (arm, seed, state) in --sensitivity."""
+    import torch
+
+    from learntok import records
+    from learntok.checkpoint import load_run
+    from learntok.data import ByteSequences, load_split
+    from learntok.model import build_model
+
+    torch.set_num_threads(args.threads)
+    done = {(r["seed"], r["arm"]) for r in records.load(args.sensitivity)}
+    F, K = args.first, args.second
+    for r in arms.load_results(Path(args.results))["arms"]:
+        if r["arm"] not in args.arms or r["seed"] not in args.seeds:
+            continue
+        todo = [s for s in ("trained", "init") if (r["seed"], f"{r['arm']}/sensitivity/{s}") not in done]
+        if not todo:
+            continue
+        run = Path(args.out) / Path(r["command"].split(" --out ")[1].split()[0]).name
+        cfg, trained = load_run(run)
+        torch.manual_seed(cfg.seed)
+        models = {"trained": trained, "init": build_model(cfg.model, cfg.boundary)}
+        _, docs = load_split(cfg.data, "val")
+        batch = torch.from_numpy(ByteSequences(docs, cfg.data.seq_len, cfg.data.pack).batch(range(args.batch_size)))
+        ids, targets = batch[:, :-1], batch[:, 1:]
+        for state in todo:
+            fields = {"draws": [F, K], "batch": args.batch_size, **loss_spread(models[state], ids, targets, F, K)}
+            command = ["python", "experiments/hierarchy/run.py", "sensitivity", "--out", args.out, "--arms", r["arm"],
+                       "--seeds", r["seed"], "--first", F, "--second", K, "--batch-size", args.batch_size]
+            records.append(args.sensitivity, records.make("hierarchy", f"{r['arm']}/sensitivity/{state}", r["seed"],
+                                                          command=command, run=str(run), state=state, **fields))
+            print(f"{r['arm']} seed {r['seed']} {state}: {fields}", flush=True)
+
+
+def loss_spread(model, ids, targets, first: int, second: int) -> dict:
+    """The loss's spread over a two-level model's draws on one batch: `first` first-level draws, `second`
+    second-level draws under each (the first held to 12 bits: compose_uniforms), in training mode as the estimator
+    sees it. Per byte and per sequence: the SD over second-level draws given the first, and over first-level
+    draws (of the mean over second-level ones, less that mean's own share of the second-level variance)."""
+    import torch
+
+    from learntok.model.hier import compose_uniforms
+
+    gen = torch.Generator().manual_seed(0)
+    nll = torch.empty(first, second, *ids.shape)
+    was = model.training
+    model.train()
+    with torch.no_grad():
+        for f in range(first):
+            u1 = torch.rand(ids.shape, generator=gen)
+            for k in range(second):
+                out = model(ids, targets, noise=compose_uniforms(u1, torch.rand(ids.shape, generator=gen)))
+                nll[f, k] = out.nll.float()
+    model.train(was)
+
+    def spread(x):  # x (F,K,...) -> (SD over second-level draws, SD over first-level draws)
+        within = x.var(1).mean()
+        return float(within.sqrt()), float((x.mean(1).var(0).mean() - within / second).clamp(min=0).sqrt())
+
+    (b2, b1), (r2, r1) = spread(nll), spread(nll.mean(-1))
+    return {"loss": float(nll.mean()), "byte_sd_second": b2, "byte_sd_first": b1, "row_sd_second": r2,
+            "row_sd_first": r1}
+
+
+def sensitivity_table(path: Path) -> str:
+    """The loss's dependence on each level's draw, per arm and state (mean over seeds, and per seed)."""
+    from learntok import records
+
+    rows = records.load(path)
+    if not rows:
+        return ""
+    lines = ["| arm | state | seeds | loss, nats per byte | SD per byte over second-level draws, mean (per seed) | "
+             "over first-level draws | second / first | SD of a sequence's loss over second-level draws |",
+             "|---|---|---|---|---|---|---|---|"]
+    for arm in dict.fromkeys(r["arm"].split("/")[0] for r in rows):
+        for state in ("init", "trained"):
+            rs = sorted((r for r in rows if r["arm"] == f"{arm}/sensitivity/{state}"), key=lambda r: r["seed"])
+            if not rs:
+                continue
+            mean = {k: sum(r[k] for r in rs) / len(rs) for k in ("loss", "byte_sd_second", "byte_sd_first",
+                                                                  "row_sd_second")}
+            second = ", ".join(f"{r['byte_sd_second']:.4f}" for r in rs)
+            lines.append(f"| {arm} | {state} | {len(rs)} | {mean['loss']:.3f} | {mean['byte_sd_second']:.4f} "
+                         f"({second}) | {mean['byte_sd_first']:.4f} | "
+                         f"{mean['byte_sd_second'] / max(mean['byte_sd_first'], 1e-12):.2f} | "
+                         f"{mean['row_sd_second']:.4f} |")
+    return "\n".join(lines) + "\n"
+
 
 def _settings(r: dict) -> tuple:
     """A variance record's measurement settings: (batch, samples, reference draws, extra discounts). A measurement
@@ -211,8 +306,9 @@ def report(path: Path = RECORDS) -> str:
                          f"{t['boundary/inner_rate']:.3f} | "
                          f"{t['loss/early2']:.4f} | {t['loss/early']:.4f} | "
                          f"{max(r['test']['f1_by_shift'].values()):.3f} |")
-    table = variance_table(path.with_name(VARIANCE.name))
-    return "\n".join(lines) + "\n" + ("\n" + table if table else "")
+    tables = [t for t in (variance_table(path.with_name(VARIANCE.name)),
+                          sensitivity_table(path.with_name(SENSITIVITY.name))) if t]
+    return "\n".join(lines) + "\n" + "".join("\n" + t for t in tables)
 
 
 def cmd_report(args) -> None:
@@ -242,10 +338,20 @@ def main() -> None:
     va.add_argument("--gammas", type=float, nargs="*", default=[], help="discounts to measure besides the run's")
     va.add_argument("--threads", type=int, default=1, help="CPU threads (1: leave a core to other work)")
     va.add_argument("--variance", default=str(VARIANCE), help="its records file")
-    for p in (rn, rp, bf, va):
+    se = sub.add_parser("sensitivity", help="how much the loss depends on each level's draw")
+    se.add_argument("--out", default="runs/hierarchy", help="where the runs are")
+    se.add_argument("--arms", nargs="+", default=LEARNED2, choices=LEARNED2)
+    se.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    se.add_argument("--first", type=int, default=8, help="first-level draws")
+    se.add_argument("--second", type=int, default=8, help="second-level draws under each")
+    se.add_argument("--batch-size", type=int, default=8)
+    se.add_argument("--threads", type=int, default=1, help="CPU threads (1: leave a core to other work)")
+    se.add_argument("--sensitivity", default=str(SENSITIVITY), help="its records file")
+    for p in (rn, rp, bf, va, se):
         p.add_argument("--results", default=str(RECORDS), help="the records file")
     args = ap.parse_args()
-    {"run": cmd_run, "report": cmd_report, "backfill": cmd_backfill, "variance": cmd_variance}[args.command](args)
+    {"run": cmd_run, "report": cmd_report, "backfill": cmd_backfill, "variance": cmd_variance,
+     "sensitivity": cmd_sensitivity}[args.command](args)
 
 
 if __name__ == "__main__":
