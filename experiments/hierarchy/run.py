@@ -33,12 +33,14 @@ SENSITIVITY = HERE / "records-sensitivity.jsonl"
 """How much the loss depends on each level's draw (`sensitivity`), one record per (arm, seed, state)."""
 VARIANCE = HERE / "records-variance.jsonl"
 """The two-level learned runs' policy gradients at each level (`variance`), one record per (seed, level, state)."""
-ARMS = ["hier1-learned", "hier2-learned", "hier1-uniform", "hier2-uniform", "hier2-learned-g03"]
-LEARNED2 = ["hier2-learned", "hier2-learned-g03"]
+ARMS = ["hier1-learned", "hier2-learned", "hier1-uniform", "hier2-uniform", "hier2-learned-g03",
+        "hier2-learned-g03-r025", "hier2-uniform-r025"]
+LEARNED2 = ["hier2-learned", "hier2-learned-g03", "hier2-learned-g03-r025"]
 """The two-level arms whose second level learns by the score function (`variance` measures them)."""
 PAIRS = [("hier2-learned", "hier1-learned"), ("hier2-uniform", "hier1-uniform"), ("hier2-learned", "hier2-uniform"),
          ("hier2-learned-g03", "hier2-learned"), ("hier2-learned-g03", "hier1-learned"),
-         ("hier2-learned-g03", "hier2-uniform"),
+         ("hier2-learned-g03", "hier2-uniform"), ("hier2-learned-g03-r025", "hier2-uniform-r025"),
+         ("hier2-learned-g03-r025", "hier1-learned"), ("hier2-uniform-r025", "hier1-uniform"),
          ("hier1-learned", "hier1-uniform")]
 """(arm, base): base − arm in test BPB, paired by seed (positive: arm better)."""
 RATE = 0.2
