@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import math
 import sys
 import time
 from pathlib import Path
@@ -300,12 +301,14 @@ def report(path: Path = RECORDS) -> str:
     lines += [f"| {b} − {a} | {arms.paired(rows, a, b)} |" for a, b in PAIRS]
     inner = [r for r in rows if "boundary/inner_neg_log_pi" in r.get("train_last", {})]
     if inner:
-        lines += ["", "| two-level learned | seed | second level: −log π per decision | its rate | L_early2 | "
-                  "L_early | first level's best F1 over shifts |", "|---|---|---|---|---|---|---|"]
+        lines += ["", "| two-level learned | seed | second level: −log π per decision | a coin at its rate | its rate "
+                  "| L_early2 | L_early | first level's best F1 over shifts |", "|---|---|---|---|---|---|---|---|"]
         for r in inner:
             t = r["train_last"]
-            lines.append(f"| {r['arm']} | {r['seed']} | {t['boundary/inner_neg_log_pi']:.4f} | "
-                         f"{t['boundary/inner_rate']:.3f} | "
+            q = t["boundary/inner_rate"]
+            coin = -(q * math.log(q) + (1 - q) * math.log(1 - q))  # a policy that ignores its input
+            lines.append(f"| {r['arm']} | {r['seed']} | {t['boundary/inner_neg_log_pi']:.4f} | {coin:.4f} | "
+                         f"{q:.3f} | "
                          f"{t['loss/early2']:.4f} | {t['loss/early']:.4f} | "
                          f"{max(r['test']['f1_by_shift'].values()):.3f} |")
     tables = [t for t in (variance_table(path.with_name(VARIANCE.name)),
