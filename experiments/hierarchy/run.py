@@ -1,18 +1,21 @@
 """Does a second boundary level help? One level against two (--inner-layers 1; docs/method.md §9) at matched
-total FLOPs, learned and fixed boundaries (docs/results.md will carry the reading once measured).
+total FLOPs, learned and fixed boundaries; the reading is docs/results.md §9.
 
     python experiments/hierarchy/run.py run --data DATA/enwiki --out runs/hierarchy --bytes 6e6 --seeds 0 1 2
     python experiments/hierarchy/run.py report                     # the paired table from the records
     python experiments/hierarchy/run.py variance --out runs/hierarchy  # each level's policy-gradient SNR
+    python experiments/hierarchy/run.py variance --out runs/hierarchy --levels 2 --gammas 0.59 0.3 0
+    python experiments/hierarchy/run.py sensitivity --out runs/hierarchy  # the loss's spread over each level's draws
 
-The arms (experiments/arms.py) are the `small` preset at target rate 0.2: `hier1-learned` / `hier1-uniform` with
-its three token layers, `hier2-learned` / `hier2-uniform` with one inner layer on each side of one mid layer over
-super-tokens (--inner-rate 0.5). Each trains on a FLOPs schedule until its total FLOPs (attention counted,
-learntok.model.flops) reach the 6N FLOPs of --bytes bytes of `uniform`, so a two-level model, cheaper per byte,
-sees more bytes. Scored on the first 256 KB of the validation and test splits, one boundary sample; choose on
-validation, read test. Records (command, config, SHA, machine, metrics) go to experiments/hierarchy/records.jsonl
-as each arm finishes; an interrupted arm resumes from its checkpoint, a finished one is skipped. One training at a
-time: run nothing else on the machine meanwhile only if you read its seconds.
+The arms (experiments/arms.py) are the `small` preset at target rate 0.2: `hier1-learned` / `hier1-uniform` with its
+three token layers, `hier2-learned` / `hier2-uniform` with one inner layer on each side of one mid layer over
+super-tokens (--inner-rate 0.5); `hier2-learned-g03` with the second level's own discount 0.3 per token; and at
+--inner-rate 0.25 `hier2-learned-g03-r025` / `hier2-uniform-r025`. Each trains on a FLOPs schedule until its total
+FLOPs (attention counted, learntok.model.flops) reach the 6N FLOPs of --bytes bytes of `uniform`, so a two-level
+model, cheaper per byte, sees more bytes. Scored on the first 256 KB of the validation and test splits, one boundary
+sample; choose on validation, read test. Records (command, config, SHA, machine, metrics) go to
+experiments/hierarchy/records.jsonl as each arm finishes; an interrupted arm resumes from its checkpoint, a finished
+one is skipped. One training at a time: run nothing else on the machine meanwhile only if you read its seconds.
 """
 
 from __future__ import annotations
