@@ -1199,13 +1199,22 @@ PRESET_RECORDS = HERE / "records-preset.jsonl"
 """The first screen's records: every method in the small preset's shape (the allocation lever's before)."""
 
 
+def _by_budget(recs: list[dict], key=None) -> dict[tuple, dict[str, dict[int, float]]]:
+    """Test BPB per budget (`key` of a record, default `_budget_key`), arm and seed of final runs' records; a
+    later record of the same budget, arm and seed replaces an earlier one."""
+    by: dict[tuple, dict[str, dict[int, float]]] = {}
+    for r in recs:
+        by.setdefault((key or _budget_key)(r), {}).setdefault(r["arm"], {})[r["seed"]] = r["test"]["bpb"]
+    return by
+
+
 def _views(recs: list[dict]) -> dict[tuple[float, str, str], dict[str, dict[int, float]]]:
     """Test BPB per (scale, match, clock series), arm and seed of final runs' records, retired runs left out."""
-    by: dict[tuple, dict[str, dict[int, float]]] = {}
-    for r in (r for r in recs if not r.get("retired")):
+    def view(r: dict) -> tuple[float, str, str]:
         scale, match, _, series = _budget_key(r)
-        by.setdefault((scale, match, series), {}).setdefault(r["arm"], {})[r["seed"]] = r["test"]["bpb"]
-    return by
+        return scale, match, series
+
+    return _by_budget([r for r in recs if not r.get("retired")], view)
 
 
 def _gap(arms_: dict[str, dict[int, float]], a: str, b: str) -> dict[int, float]:
@@ -1428,11 +1437,8 @@ def _table_cells(rows: list[dict], walloc: set[str]) -> dict[tuple[float, str, b
     budget matched, without n-grams): with the tables learned-ngrams − the method's n-gram arm, without them
     learned − its plain arm. Of a pair's clock series the one at wall-clock allocations (`walloc`), else its
     first in `_view_order`: §8 has every series."""
-    by: dict[tuple, dict[str, dict[int, float]]] = {}
-    for r in rows:
-        by.setdefault(_budget_key(r), {}).setdefault(r["arm"], {})[r["seed"]] = r["test"]["bpb"]
     cells: dict[tuple[float, str, bool], dict[str, Cell]] = {}
-    for key, arms_ in sorted(by.items(), key=lambda kv: _view_order(kv[0])):
+    for key, arms_ in sorted(_by_budget(rows).items(), key=lambda kv: _view_order(kv[0])):
         scale, match, _, series = key
         for plain in (False, True):
             tail = "" if plain else "-ngrams"
