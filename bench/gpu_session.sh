@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU runbook: what to run when a machine with an NVIDIA GPU is lent for a short while (here 15
-# minutes of machine time, start-up included, at most 10 minutes a command). Four stages of at most 8 minutes,
+# minutes of machine time, start-up included, at most 10 minutes a command). Five stages of at most 8 minutes,
 # every part of them under its own `timeout`, each compiling and measuring in one process and leaving a few files
 # under $OUT (bench/results/gpu-session when OUT is unset); bench/README.md lists them, docs/gpu.md says what
 # the figures mean.
@@ -10,6 +10,7 @@
 #   bench/gpu_session.sh bench    # compiled paper-147m, learned vs uniform: bytes/s, MFU, ratio, kernels, recompiles
 #   bench/gpu_session.sh memory   # one compiled paper-147m learned step at micro-batch 8 and 16: time, peak memory
 #   bench/gpu_session.sh eager    # eager paper-147m rows and peak memory at 8 and 16; the remaining CUDA tests
+#   bench/gpu_session.sh flex     # the byte level's FlexAttention at other block sizes: time, agreement
 #
 # Sizes from the GPU runs (H200, torch 2.11, 2026-11-28 to -30): inductor takes 40-80 s per paper-147m graph,
 # and each replayed step of a learned runner lands in its own token bucket (the policy's rate moves fast in the
@@ -21,7 +22,7 @@
 # pin), and the pure-Python packages its image lacks come from .whl/ when that folder is there.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-stage=${1:?"usage: bench/gpu_session.sh wheels|smoke|bench|memory|eager"}
+stage=${1:?"usage: bench/gpu_session.sh wheels|smoke|bench|memory|eager|flex"}
 out=${OUT:-bench/results/gpu-session}
 PY=${PYTHON:-python3}
 
@@ -32,8 +33,8 @@ if [ "$stage" = wheels ]; then
         -d .whl tyro==1.0.17 docstring-parser==0.18.0 typeguard==4.6.1 zstandard==0.25.0
 fi
 case $stage in
-smoke | bench | memory | eager) ;;
-*) echo "unknown stage: $stage (wheels, smoke, bench, memory, eager)" >&2; exit 2 ;;
+smoke | bench | memory | eager | flex) ;;
+*) echo "unknown stage: $stage (wheels, smoke, bench, memory, eager, flex)" >&2; exit 2 ;;
 esac
 
 mkdir -p "$out"
@@ -99,6 +100,12 @@ eager)
             tests/test_gpu.py tests/test_flex.py -k "not ($CORE)" || rc=$?
         exit $rc
     ) 2>&1 | tee "$out/eager.log"
+    ;;
+flex)
+    (
+        provenance
+        TORCH_LOGS=recompiles timeout -k 10 240 "$PY" bench/bench_flex_blocks.py --out "$out/flex"
+    ) 2>&1 | tee "$out/flex.log"
     ;;
 esac
 status=$?  # non-zero when any part of the stage failed or hit its limit

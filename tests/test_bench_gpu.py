@@ -197,7 +197,7 @@ def test_gpu_runbook_names_real_stages_tests_and_benchmark_flags_within_its_limi
     script = RUNBOOK.read_text().replace("\\\n", " ")  # join continued lines
     stages = _stages(script)
     usage = re.search(r'usage: bench/gpu_session.sh ([\w|-]+)', script).group(1).split("|")
-    assert set(usage) == {"wheels", *stages} and set(stages) == {"smoke", "bench", "memory", "eager"}
+    assert set(usage) == {"wheels", *stages} and set(stages) == {"smoke", "bench", "memory", "eager", "flex"}
     for name in stages:
         assert f"bench/gpu_session.sh {name} " in script, f"stage {name} is documented in the header"
 
@@ -212,16 +212,34 @@ def test_gpu_runbook_names_real_stages_tests_and_benchmark_flags_within_its_limi
     pytest_line = re.search(r"^PYTEST=\((.*)\)$", script, re.M).group(1)
     assert "-p no:cacheprovider -o addopts=" in pytest_line
 
-    source = (ROOT / "bench" / "bench_gpu.py").read_text()
     for name, body in stages.items():
         limits = [int(k) + int(n) for k, n in re.findall(r"timeout -k (\d+) (\d+) ", body)]
-        commands = [line for line in body.splitlines() if "bench/bench_gpu.py" in line or "PYTEST[@]" in line]
+        commands = [line for line in body.splitlines()
+                    if re.search(r"bench/bench_\w+\.py", line) or "PYTEST[@]" in line]
         assert len(limits) == len(commands) > 0, f"{name}: every command under its own timeout"
         assert sum(limits) <= STAGE_LIMIT_S - 20, f"{name}: {sum(limits)} s of limits, 20 s left for the rest"
         for line in commands:
             if "PYTEST[@]" in line:
                 assert re.search(r"--timeout=\d+ ", line) and f'--junitxml="$out/{name}-tests.xml"' in line
             else:
+                source = (ROOT / re.search(r"bench/bench_\w+\.py", line).group(0)).read_text()
                 flags = set(re.findall(r"(--[a-z][a-z-]+)", line))
                 assert flags and all(f'"{f}"' in source for f in flags), line
                 assert f'--out "$out/{name}"' in line
+
+
+def test_flex_block_bench_counts_the_scores_each_block_pair_computes(capsys):
+    """bench/bench_flex_blocks.py: at a byte window of 64, today's 128 x 128 blocks compute about 4 scores per
+    visible one, smaller blocks fewer; without CUDA it says why in one line and exits 2; bad pairs are refused."""
+    spec = importlib.util.spec_from_file_location("bench_flex_blocks", ROOT / "bench" / "bench_flex_blocks.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    ratios = [mod.scores_computed(1024, 64, b) for b in ((128, 128), (128, 64), (64, 64), (32, 32))]
+    assert ratios == sorted(ratios, reverse=True) and 3.8 < ratios[0] < 4.0 and 1.4 < ratios[-1] < 1.6
+    assert mod.scores_computed(1024, 64, (64, 64)) == pytest.approx(2.0, abs=0.1)
+    with pytest.raises(Exception, match="powers of two"):
+        mod.parse_block("100x64")
+    if not torch.cuda.is_available():
+        assert mod.main(["--seq", "512", "--blocks", "128x128", "64x64"]) == 2
+        out, err = capsys.readouterr()
+        assert "64x64: computes" in out and err.count("\n") == 1 and "no CUDA device" in err
