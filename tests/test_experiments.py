@@ -1462,6 +1462,7 @@ def test_hierarchy_loss_spread_separates_the_levels_draws(tmp_path):
     learned = run.loss_spread(model, ids, targets, 3, 4)
     assert learned["byte_sd_second"] > 0 and learned["byte_sd_first"] > 0 and model.training
     assert learned["row_sd_second"] < learned["byte_sd_second"]  # a sequence's mean averages bytes' spread
+    assert learned["first_level_flips"] == 0  # the first level held exactly under the second level's draws
 
     path = tmp_path / "records-sensitivity.jsonl"
     records.write(path, [records.make("hierarchy", f"hier2-learned/sensitivity/{state}", seed, command="x",

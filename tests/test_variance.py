@@ -40,9 +40,8 @@ def test_diagnose_command_writes_its_table(tmp_path, text_corpus, capsys):
     assert len(rows) == 2 * len(variant_names(0.99))  # policy and encoder groups
     assert main(["diagnose", "variance", str(run), "--samples", "1"]) == 2
     assert main(["diagnose", "variance", str(run), "--gammas", "1.5"]) == 2
-    assert main(["diagnose", "variance", str(run), "--samples", "4", "--batch-size", "2", "--gammas", "0.5",
-                 "--out", str(tmp_path / "g")]) == 0
-    names = [r["name"] for r in json.loads((tmp_path / "g" / "variance.json").read_text())["rows"]]
+    assert main(["diagnose", "variance", str(run), "--samples", "4", "--batch-size", "2", "--gammas", "0.5"]) == 0
+    names = [r["name"] for r in json.loads((run / "diagnose-gammas" / "variance.json").read_text())["rows"]]
     assert "centred, gamma=0.5" in names and "gamma=0.5" in names
     assert main(["diagnose", "variance", str(run), "--level", "2"]) == 2
     assert "boundary level 2: this model has one level" in capsys.readouterr().err
@@ -99,6 +98,8 @@ def test_other_discounts_are_measured_uncentred_and_centred():
     assert [n for n in names if n.startswith("centred")] == ["centred, gamma=1", "centred, gamma=0.5",
                                                              "centred, gamma=0", "centred"]
     assert "gamma=0.5" in names and "gamma=0" in names and len(names) == len(set(names))
+    alike = variant_names(0.9, extra=(0.30000001, 0.3, 0.9999999, 0.90000001))  # discounts that print alike
+    assert len(alike) == len(set(alike)) and "centred, gamma=0.3" in alike and alike.count("centred, gamma=1") == 1
     g = torch.Generator().manual_seed(2)
     r = torch.randn(4, 10, generator=g)
     keep = torch.rand(4, 10, generator=g) > 0.2
@@ -113,8 +114,10 @@ def test_other_discounts_are_measured_uncentred_and_centred():
     batch[:, 0] = BOS
     rows, info = policy_gradient_variance(model, batch, samples=3, reference_factor=2, gammas=(0.5,))
     assert [r.name for r in rows] == 2 * variant_names(0.9, extra=(0.5,)) and info["gammas"] == [0.5]
+    model.eval()
     with pytest.raises(ValueError, match="discounts must be in"):
         policy_gradient_variance(model, batch, samples=3, gammas=(1.5,))
+    assert not model.training  # refused before anything changed
 
 
 def _run_estimator_against_own_loss(model, batch, level, strategy, monkeypatch, gamma=None) -> float:

@@ -132,8 +132,9 @@ def cmd_sensitivity(args) -> None:
     from learntok.model import build_model
 
     torch.set_num_threads(args.threads)
-    done = {(r["seed"], r["arm"]) for r in records.load(args.sensitivity)}
     F, K = args.first, args.second
+    done = {(r["seed"], r["arm"]) for r in records.load(args.sensitivity)  # measured with these settings
+            if (r["draws"], r["batch"]) == ([F, K], args.batch_size)}
     for r in arms.load_results(Path(args.results))["arms"]:
         if r["arm"] not in args.arms or r["seed"] not in args.seeds:
             continue
@@ -158,22 +159,25 @@ def cmd_sensitivity(args) -> None:
 
 def loss_spread(model, ids, targets, first: int, second: int) -> dict:
     """The loss's spread over a two-level model's draws on one batch: `first` first-level draws, `second`
-    second-level draws under each (the first held to 12 bits: compose_uniforms), in training mode as the estimator
-    sees it. Per byte and per sequence: the SD over second-level draws given the first, and over first-level
-    draws (of the mean over second-level ones, less that mean's own share of the second-level variance)."""
+    second-level draws under each (the first level's boundaries given, so held exactly: `first_level_flips`
+    counts any that moved), in training mode as the estimator sees it. Per byte and per sequence: the SD over
+    second-level draws given the first, and over first-level draws (of the mean over second-level ones, less that
+    mean's own share of the second-level variance)."""
     import torch
-
-    from learntok.model.hier import compose_uniforms
 
     gen = torch.Generator().manual_seed(0)
     nll = torch.empty(first, second, *ids.shape)
+    flips = 0
     was = model.training
     model.train()
     with torch.no_grad():
         for f in range(first):
-            u1 = torch.rand(ids.shape, generator=gen)
+            held = None
             for k in range(second):
-                out = model(ids, targets, noise=compose_uniforms(u1, torch.rand(ids.shape, generator=gen)))
+                # the first level drawn once per f and then given (`boundaries`), so only the second level draws
+                out = model(ids, targets, noise=torch.rand(ids.shape, generator=gen), boundaries=held)
+                held = out.boundaries.mask if held is None else held
+                flips += int((out.boundaries.mask != held).sum())
                 nll[f, k] = out.nll.float()
     model.train(was)
 
@@ -183,7 +187,7 @@ def loss_spread(model, ids, targets, first: int, second: int) -> dict:
 
     (b2, b1), (r2, r1) = spread(nll), spread(nll.mean(-1))
     return {"loss": float(nll.mean()), "byte_sd_second": b2, "byte_sd_first": b1, "row_sd_second": r2,
-            "row_sd_first": r1}
+            "row_sd_first": r1, "first_level_flips": flips}
 
 
 def sensitivity_table(path: Path) -> str:
@@ -304,14 +308,17 @@ def report(path: Path = RECORDS) -> str:
     lines += [f"| {b} − {a} | {arms.paired(rows, a, b)} |" for a, b in PAIRS]
     inner = [r for r in rows if "boundary/inner_neg_log_pi" in r.get("train_last", {})]
     if inner:
-        lines += ["", "| two-level learned | seed | second level: −log π per decision | a coin at its rate | its rate "
-                  "| L_early2 | L_early | first level's best F1 over shifts |", "|---|---|---|---|---|---|---|---|"]
+        lines += ["", "| two-level learned | seed | second level: −log π per decision | a coin at its mean p | "
+                  "its rate | L_early2 | L_early | first level's best F1 over shifts |",
+                  "|---|---|---|---|---|---|---|---|"]
         for r in inner:
             t = r["train_last"]
-            q = t["boundary/inner_rate"]
-            coin = -(q * math.log(q) + (1 - q) * math.log(1 - q))  # a policy that ignores its input
+            # a policy that ignores its input, at the mean probability of the decisions −log π averages over (the
+            # realised rate also counts each row's forced first super-token, which −log π leaves out)
+            q = t["boundary/inner_p_mean"]
+            coin = -(q * math.log(q) + (1 - q) * math.log(1 - q))
             lines.append(f"| {r['arm']} | {r['seed']} | {t['boundary/inner_neg_log_pi']:.4f} | {coin:.4f} | "
-                         f"{q:.3f} | "
+                         f"{t['boundary/inner_rate']:.3f} | "
                          f"{t['loss/early2']:.4f} | {t['loss/early']:.4f} | "
                          f"{max(r['test']['f1_by_shift'].values()):.3f} |")
     tables = [t for t in (variance_table(path.with_name(VARIANCE.name)),

@@ -41,10 +41,10 @@ class DiagnoseArgs:
     level: int = 1
     """Boundary level: 2 measures a two-level model's second level (--inner-layers), its decisions per token."""
     gammas: tuple[float, ...] = ()
-    """Discounts to measure besides the run's own, 0.99 and 1 (each uncentred and batch-centred): which horizon
-    gives this policy a signal, before training with it."""
+    """Discounts to measure besides the run's own, 0.99, 0.9 and 1 (each uncentred and batch-centred): which
+    horizon gives this policy a signal, before training with it."""
     out: str | None = None
-    """Directory for variance.json / variance.png (default: RUN_DIR/diagnose[-init][-level2])."""
+    """Directory for variance.json / variance.png (default: RUN_DIR/diagnose[-init][-level2][-gammas])."""
 
     def __post_init__(self) -> None:
         if self.samples < 2 or self.batch_size < 2:
@@ -84,7 +84,8 @@ def cmd_diagnose(argv: list[str]) -> int:
     table = format_table(rows, info)
     print(f"{a.run} ({'initialisation' if a.init else 'trained'})\n{table}")
     run_dir = Path(a.run) if (Path(a.run) / "config.json").exists() else Path(a.run).parent
-    name = ("diagnose-init" if a.init else "diagnose") + ("" if a.level == 1 else f"-level{a.level}")
+    name = (("diagnose-init" if a.init else "diagnose") + ("" if a.level == 1 else f"-level{a.level}")
+            + ("-gammas" if a.gammas else ""))  # another measurement: it does not overwrite the default one
     out = Path(a.out) if a.out else run_dir / name
     out.mkdir(parents=True, exist_ok=True)
     (out / "variance.json").write_text(json.dumps({"run": a.run, "init": a.init, **info,

@@ -94,7 +94,10 @@ def _advantages(name: str, r: torch.Tensor, total: torch.Tensor, keep: torch.Ten
 def variant_names(gamma: float, value: bool = False, extra: tuple[float, ...] = ()) -> list[str]:
     """The estimators measured, in chain order; "value" only for a model with a learned baseline; each discount in
     `extra` (other than the run's and 1) adds its uncentred and its centred estimator."""
-    other = sorted({float(g) for g in extra} - {gamma, 1.0}, reverse=True)
+    def key(g: float) -> float:  # discounts that print alike are one estimator (its name is its printed value)
+        return float(f"{g:g}")
+
+    other = sorted({key(g) for g in extra} - {key(gamma), 1.0}, reverse=True)
     gammas = sorted({*GAMMAS, gamma, *other} - {1.0}, reverse=True)
     return ["naive", "relative", "to-go", *(f"gamma={g:g}" for g in gammas), "centred, gamma=1",
             *(f"centred, gamma={g:g}" for g in other), "centred", *(["value"] if value else []), "normalised"]
@@ -132,10 +135,10 @@ def policy_gradient_variance(model, batch: torch.Tensor, *, samples: int = 64, r
     strategy = model.boundary if level == 1 else model.inner
     if strategy.learns_by != "score_function":
         raise ValueError(f"diagnose variance: the {model.bcfg.boundaries} strategy has no policy gradient")
-    was_training = model.training
-    model.train()
     if any(not 0 <= g <= 1 for g in gammas):
         raise ValueError(f"diagnose variance: discounts must be in [0, 1], got {list(gammas)}")
+    was_training = model.training
+    model.train()
     gamma = float(strategy.cfg.gamma)  # the level's own (a second level may have its own discount)
     names = variant_names(gamma, value=getattr(strategy, "value", None) is not None, extra=gammas)
     groups = {"policy": [p for p in strategy.parameters() if p.requires_grad]}
