@@ -104,7 +104,7 @@ eager)
 flex)
     (
         provenance
-        TORCH_LOGS=recompiles timeout -k 10 240 "$PY" bench/bench_flex_blocks.py --out "$out/flex"
+        TORCH_LOGS=recompiles timeout -k 10 430 "$PY" bench/bench_flex_blocks.py --out "$out/flex"
     ) 2>&1 | tee "$out/flex.log"
     ;;
 esac

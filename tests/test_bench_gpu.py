@@ -239,7 +239,14 @@ def test_flex_block_bench_counts_the_scores_each_block_pair_computes(capsys):
     assert mod.scores_computed(1024, 64, (64, 64)) == pytest.approx(2.0, abs=0.1)
     with pytest.raises(Exception, match="powers of two"):
         mod.parse_block("100x64")
+    assert mod.parse_variant("64x64:autotune") == ((64, 64), True) and mod.parse_variant("128x64")[1] is False
+    with pytest.raises(Exception, match="QxK:autotune"):
+        mod.parse_variant("64x64:fast")
+    try:
+        raise RuntimeError("backend='inductor' raised:") from ValueError("first\nQ and KV block size must be ...")
+    except RuntimeError as e:
+        assert mod._reason(e) == "ValueError: Q and KV block size must be ..."  # the kernel's own message
     if not torch.cuda.is_available():
-        assert mod.main(["--seq", "512", "--blocks", "128x128", "64x64"]) == 2
+        assert mod.main(["--seq", "512", "--variants", "128x128", "64x64:autotune", "64x64"]) == 2
         out, err = capsys.readouterr()
         assert "64x64: computes" in out and err.count("\n") == 1 and "no CUDA device" in err
