@@ -295,6 +295,7 @@ def readme_summary() -> str:
                             f"{diff('learned-w1-vb', 'uniform')}, − flat {diff('learned-w1-vb', 'flat')}, − BPE "
                             f"transformer {diff('learned-w1-vb', 'bpe-lm')}.") if x]
     out.append(_script("rates").summary())
+    out.append(_script("hierarchy").summary())
     text = "\n".join(_fill(x) for x in out if x) + "\n"
     if study is not None:  # last: its table ends the list
         intro, table = study.split("\n\n", 1)

@@ -1397,6 +1397,15 @@ def test_hierarchy_arms_build_the_models_they_name_and_report_pairs_by_seed(tmp_
                                       prov={"git_sha": "0" * 40}, **r) for r in rows])
     text = run.report(path)
     assert "| hier1-learned − hier2-learned | +0.1333" in text and "(3 seeds)" in text
+    assert run.summary(path) == ""  # no second-level figures in these records: nothing to say of its policy
+    coin = {"boundary/inner_p_mean": 0.5, "boundary/inner_neg_log_pi": 0.69, "boundary/inner_rate": 0.5,
+            "loss/early2": 2.0, "loss/early": 2.1}
+    rows = [*_rows("hier1-learned", [2.0, 2.1, 2.2]), *_rows("hier2-learned", [2.1, 2.25, 2.3])]
+    records.write(path, [records.make("hierarchy", r.pop("arm"), r.pop("seed"), command="x",
+                                      prov={"git_sha": "0" * 40}, train_last=coin, **r) for r in rows])
+    line = run.summary(path)
+    assert "3 runs, 1 settings" in line and "within 0.003 nats" in line  # ln 2 − 0.69
+    assert "two levels − one: +0.1167 [" in line and "one level better" in line
 
 
 def test_hierarchy_variance_table_lists_each_measurement_setting_apart(tmp_path):
