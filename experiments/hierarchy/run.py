@@ -56,6 +56,28 @@ def cmd_run(args) -> None:
     cmd_report(args)
 
 
+def _run_dir(out: str, r: dict) -> Path:
+    """A record's run directory under `out` (the name it trained under, wherever OUT was then)."""
+    return Path(out) / Path(r["command"].split(" --out ")[1].split()[0]).name
+
+
+def _measured(run: Path, batch_size: int):
+    """What `variance` and `sensitivity` measure a seed's run on: its config, its trained model and the same
+    model at initialisation (the run's seed), and the first `batch_size` validation sequences (B, T+1)."""
+    import torch
+
+    from learntok.checkpoint import load_run
+    from learntok.data import ByteSequences, load_split
+    from learntok.model import build_model
+
+    cfg, trained = load_run(run)
+    torch.manual_seed(cfg.seed)
+    models = {"trained": trained, "init": build_model(cfg.model, cfg.boundary)}
+    _, docs = load_split(cfg.data, "val")
+    batch = torch.from_numpy(ByteSequences(docs, cfg.data.seq_len, cfg.data.pack).batch(range(batch_size)))
+    return cfg, models, batch
+
+
 def cmd_backfill(args) -> None:
     """Add `train_last` (arms.last_window) to records written before train_arm kept it, from their run
     directories under OUT; records whose run directory is gone stay as they are."""
@@ -65,7 +87,7 @@ def cmd_backfill(args) -> None:
     path = Path(args.results)
     rows = records.load(path)
     for r in rows:
-        run = Path(args.out) / Path(r["command"].split(" --out ")[1].split()[0]).name  # the name it trained under
+        run = _run_dir(args.out, r)
         if "train_last" not in r and (run / "metrics.jsonl").exists():
             r["train_last"] = arms.last_window(load_metrics(run).train)
     records.write(path, rows)
@@ -78,13 +100,11 @@ def cmd_variance(args) -> None:
     import torch
 
     from learntok import records
-    from learntok.checkpoint import load_run
-    from learntok.data import ByteSequences, load_split
-    from learntok.evaluation.variance import policy_gradient_variance
-    from learntok.model import build_model
+    from learntok.evaluation.variance import discount_key, policy_gradient_variance
 
     torch.set_num_threads(args.threads)
-    asked = (args.batch_size, args.samples, args.samples * args.reference_factor, tuple(sorted(set(args.gammas))))
+    asked = (args.batch_size, args.samples, args.samples * args.reference_factor,
+             tuple(sorted({discount_key(g) for g in args.gammas})))  # as the record's info lists them
     done = {(r["seed"], r["arm"]) for r in records.load(args.variance) if _settings(r) == asked}
     for r in arms.load_results(Path(args.results))["arms"]:
         if r["arm"] not in args.arms or r["seed"] not in args.seeds:
@@ -93,12 +113,8 @@ def cmd_variance(args) -> None:
                 if (r["seed"], f"{r['arm']}/level{level}/{state}") not in done]
         if not todo:
             continue
-        run = Path(args.out) / Path(r["command"].split(" --out ")[1].split()[0]).name
-        cfg, trained = load_run(run)  # once per seed; each measurement gets a fresh copy of its model
-        torch.manual_seed(cfg.seed)
-        models = {"trained": trained, "init": build_model(cfg.model, cfg.boundary)}
-        _, docs = load_split(cfg.data, "val")
-        batch = torch.from_numpy(ByteSequences(docs, cfg.data.seq_len, cfg.data.pack).batch(range(args.batch_size)))
+        run = _run_dir(args.out, r)
+        cfg, models, batch = _measured(run, args.batch_size)  # once per seed; each measurement copies its model
         b = cfg.boundary
         estimator = ("value" if getattr(b, "value_baseline", False) else "normalised"
                      if getattr(b, "normalize_advantage", False) else "centred")
@@ -122,14 +138,11 @@ def cmd_sensitivity(args) -> None:
     """Does the trained model still use the second level's grouping? On each run of --arms (trained and at
     initialisation), how much the loss moves between draws of the second level with the first level's draw held,
     against how much it moves between draws of the first level: F first-level draws of --batch-size validation
-    sequences, K second-level draws under each (noise composed with learntok.model.hier.compose_uniforms), the
-    model in training mode as the estimator sees it. A record per (arm, seed, state) in --sensitivity."""
+    sequences, K second-level draws under each (`loss_spread`: the first level's boundaries given), the model in
+    training mode as the estimator sees it. A record per (arm, seed, state) in --sensitivity."""
     import torch
 
     from learntok import records
-    from learntok.checkpoint import load_run
-    from learntok.data import ByteSequences, load_split
-    from learntok.model import build_model
 
     torch.set_num_threads(args.threads)
     F, K = args.first, args.second
@@ -141,12 +154,8 @@ def cmd_sensitivity(args) -> None:
         todo = [s for s in ("trained", "init") if (r["seed"], f"{r['arm']}/sensitivity/{s}") not in done]
         if not todo:
             continue
-        run = Path(args.out) / Path(r["command"].split(" --out ")[1].split()[0]).name
-        cfg, trained = load_run(run)
-        torch.manual_seed(cfg.seed)
-        models = {"trained": trained, "init": build_model(cfg.model, cfg.boundary)}
-        _, docs = load_split(cfg.data, "val")
-        batch = torch.from_numpy(ByteSequences(docs, cfg.data.seq_len, cfg.data.pack).batch(range(args.batch_size)))
+        run = _run_dir(args.out, r)
+        _, models, batch = _measured(run, args.batch_size)
         ids, targets = batch[:, :-1], batch[:, 1:]
         for state in todo:
             fields = {"draws": [F, K], "batch": args.batch_size, **loss_spread(models[state], ids, targets, F, K)}

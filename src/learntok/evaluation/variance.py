@@ -91,13 +91,15 @@ def _advantages(name: str, r: torch.Tensor, total: torch.Tensor, keep: torch.Ten
     return adv
 
 
+def discount_key(g: float) -> float:
+    """A discount as its estimator's name gives it: discounts that print alike are one estimator."""
+    return float(f"{g:g}")
+
+
 def variant_names(gamma: float, value: bool = False, extra: tuple[float, ...] = ()) -> list[str]:
     """The estimators measured, in chain order; "value" only for a model with a learned baseline; each discount in
     `extra` (other than the run's and 1) adds its uncentred and its centred estimator."""
-    def key(g: float) -> float:  # discounts that print alike are one estimator (its name is its printed value)
-        return float(f"{g:g}")
-
-    other = sorted({key(g) for g in extra} - {key(gamma), 1.0}, reverse=True)
+    other = sorted({discount_key(g) for g in extra} - {discount_key(gamma), 1.0}, reverse=True)
     gammas = sorted({*GAMMAS, gamma, *other} - {1.0}, reverse=True)
     return ["naive", "relative", "to-go", *(f"gamma={g:g}" for g in gammas), "centred, gamma=1",
             *(f"centred, gamma={g:g}" for g in other), "centred", *(["value"] if value else []), "normalised"]
@@ -186,7 +188,8 @@ def policy_gradient_variance(model, batch: torch.Tensor, *, samples: int = 64, r
                                      float(torch.nn.functional.cosine_similarity(mean, reference, dim=0)),
                                      float(mean.norm() / reference.norm().clamp(min=1e-30))))
     info = {"batch": B, "seq_len": T, "level": level, "samples": samples,
-            "reference_samples": samples * reference_factor, "gamma": gamma, "gammas": sorted(set(gammas)),
+            "reference_samples": samples * reference_factor, "gamma": gamma,
+            "gammas": sorted({discount_key(g) for g in gammas}),
             "groups": {g: sum(p.numel() for p in ps) for g, ps in groups.items()}}
     return rows, info
 
