@@ -60,13 +60,11 @@ def _reason(e: BaseException) -> str:
 
 
 def sliding_mask(T: int, window: int, block: tuple[int, int], device: str):
-    """The byte level's causal sliding-window block mask over T positions in `block` = (query, key) blocks."""
-    from torch.nn.attention.flex_attention import create_block_mask
+    """The byte level's causal sliding-window block mask over T positions (learntok's own) in `block` = (query,
+    key) blocks."""
+    from learntok.nn.attention import _flex_block_mask
 
-    def sliding(b, h, q_idx, kv_idx):
-        return (q_idx >= kv_idx) & (q_idx - kv_idx < window)
-
-    return create_block_mask(sliding, None, None, T, T, device=device, BLOCK_SIZE=block)
+    return _flex_block_mask(T, window, torch.device(device), block)
 
 
 def scores_computed(T: int, window: int, block: tuple[int, int]) -> float:

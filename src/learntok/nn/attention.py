@@ -98,9 +98,10 @@ def causal_attention(q, k, v, cap: float, backend: str) -> torch.Tensor:
 
 
 @shape_cache()
-def _flex_block_mask(T: int, window: int | None, device: torch.device):
+def _flex_block_mask(T: int, window: int | None, device: torch.device, block: tuple[int, int] | None = None):
     """The block mask of causal (window=None) or causal sliding-window attention over T positions (cached: it
-    depends only on the shape, and building it costs a pass over the blocks)."""
+    depends only on the shape, and building it costs a pass over the blocks), in PyTorch's default 128 x 128
+    blocks or (query, key) `block` (bench/bench_flex_blocks.py)."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     def causal(b, h, q_idx, kv_idx):
@@ -109,7 +110,8 @@ def _flex_block_mask(T: int, window: int | None, device: torch.device):
     def sliding(b, h, q_idx, kv_idx):
         return (q_idx >= kv_idx) & (q_idx - kv_idx < window)
 
-    return create_block_mask(causal if window is None else sliding, None, None, T, T, device=device)
+    return create_block_mask(causal if window is None else sliding, None, None, T, T, device=device,
+                             **({} if block is None else {"BLOCK_SIZE": block}))
 
 
 @shape_cache(maxsize=8)
