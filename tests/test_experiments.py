@@ -1316,7 +1316,8 @@ def test_allocation_queue_runs_the_study_in_order_and_saves_after_every_step(tmp
     (bpe, entropy and hnet 3, with and without n-grams), runs half the budget's five n-gram arms right after clock
     series x, then the BPE transformer's clock sweep and clock series y (learned beside it, 5 seeds), the headline's
     controls with leaderboard's, and last the 4x budget's five n-gram arms, both at matched
-    FLOPs with 3 seeds, 4x with its width check (seed 0 at both widths, then validation's choice)."""
+    FLOPs with 3 seeds, 4x one arm at a time (each record collected as it lands), seed by seed, at the x1
+    allocation (the width check was dropped before it ran)."""
     log = tmp_path / "calls"
     stub = tmp_path / "python"
     stub.write_text(f'#!/bin/bash\necho "$(basename "$(dirname "$1")")/$(basename "$1") ${{*:2}}" >> {log}\n')
@@ -1359,8 +1360,10 @@ def test_allocation_queue_runs_the_study_in_order_and_saves_after_every_step(tmp
             "learned-ngrams", "flat-ngrams", "bpe-lm-ngrams", "uniform-ngrams", "whitespace-ngrams"}
         assert all(seeds[key] == {0, 1, 2} and not key[1] for key in seeds if key[3] == scale)
     at = {s: [i for i, c in enumerate(calls) if c[1] == "final" and value(c, "--scale") == s] for s in ("4", "0.5")}
-    shapes = [(value(calls[i], "--allocation"), values(calls[i], "--seeds")) for i in at["4"]]  # the width check
-    assert shapes == [(None, ["0"]), ("wider", ["0"]), ("chosen", ["1"]), ("chosen", ["2"])]
+    x4 = [(values(calls[i], "--seeds"), values(calls[i], "--arms"), value(calls[i], "--allocation")) for i in at["4"]]
+    assert [(s, a) for s, a, _ in x4] == [([str(s)], [arm]) for s in range(3) for arm in (
+        "learned-ngrams", "flat-ngrams", "bpe-lm-ngrams", "whitespace-ngrams", "uniform-ngrams")]
+    assert {shape for *_, shape in x4} == {None}
     assert min(at["4"]) > max(i for i, c in enumerate(calls) if c[1] == "final" and "--scale" not in c)
     series_x = [i for i, c in enumerate(calls) if c[1] == "final" and value(c, "--series") == "x"]
     first_control = next(i for i, c in enumerate(calls) if c[0] == "leaderboard/run.py")
