@@ -69,6 +69,10 @@ ARMS: dict[str, list[str]] = {
     # are fewer, as the first level's 1 in 5 bytes find word starts; with its fixed-groups control
     "hier2-learned-g03-r025": ["--inner-layers", "1", "--n-mid", "1", "--inner-gamma", "0.3", "--inner-rate", "0.25"],
     "hier2-uniform-r025": ["--boundaries", "uniform", "--inner-layers", "1", "--n-mid", "1", "--inner-rate", "0.25"],
+    # a curriculum: every token its own super-token for the first half of training (--inner-start 0.5), so the
+    # second level's grouping arrives at a model not yet adapted to a coin's; with its fixed-groups control
+    "hier2-learned-g03-s50": ["--inner-layers", "1", "--n-mid", "1", "--inner-gamma", "0.3", "--inner-start", "0.5"],
+    "hier2-uniform-s50": ["--boundaries", "uniform", "--inner-layers", "1", "--n-mid", "1", "--inner-start", "0.5"],
 }
 RATE_FREE = {"whitespace": None, "whitespace-ee": None, "flat": 1.0, "bpe-lm": 0.306,
              "learned-w1-vb-rate188": 0.2}
@@ -78,7 +82,8 @@ learntok.boundaries.bpe.heldout_rate: 0.306; 8192 tokens give 0.272, 16384 give 
 sets its own lower --target-rate and is budgeted at uniform's 0.2, the rate it is meant to realise)."""
 FLOPS_CONVENTION = {"learned-w1-vb-padded": "6n-padded", "hier1-learned": "total", "hier2-learned": "total",
                     "hier1-uniform": "total", "hier2-uniform": "total", "hier2-learned-g03": "total",
-                    "hier2-learned-g03-r025": "total", "hier2-uniform-r025": "total"}
+                    "hier2-learned-g03-r025": "total", "hier2-uniform-r025": "total", "hier2-learned-g03-s50": "total",
+                    "hier2-uniform-s50": "total"}
 """Arms matched in another FLOPs convention than the paper's (learntok.model.flops): they train on a FLOPs
 schedule until that convention's count reaches the budget (uniform's FLOPs, the same in every 6N convention:
 fixed patches pad nothing), instead of for the bytes their expected rate affords."""

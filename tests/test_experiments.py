@@ -1409,6 +1409,15 @@ def test_hierarchy_arms_build_the_models_they_name_and_report_pairs_by_seed(tmp_
     line = run.summary(path)
     assert "3 runs, 1 settings" in line and "within 0.003 nats" in line  # ln 2 − 0.69
     assert "two levels − one: +0.1167 [" in line and "one level better" in line
+    learner = {**coin, "boundary/inner_p_mean": 0.3, "boundary/inner_neg_log_pi": 0.40}  # coin at 0.3: 0.611
+    rows = [*_rows("hier1-learned", [2.0, 2.1, 2.2]), *_rows("hier2-learned", [2.1, 2.25, 2.3])]
+    learnt = _rows("hier2-learned-g03-s50", [2.0, 2.1, 2.2])
+    records.write(path, [records.make("hierarchy", r.pop("arm"), r.pop("seed"), command="x", prov={"git_sha": "0" * 40},
+                                      train_last=last, **r)
+                         for rs, last in ((rows, coin), (learnt, learner)) for r in rs])
+    line = run.summary(path)
+    assert "a coin (−log π within 0.02 nats of an input-blind policy) in 3 of 6 runs (2 settings)" in line
+    assert "not yet solved" not in line
 
 
 def test_hierarchy_variance_table_lists_each_measurement_setting_apart(tmp_path):

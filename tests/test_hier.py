@@ -359,6 +359,38 @@ def test_accumulated_micro_batches_give_the_global_batch_estimator(tmp_path, tex
         assert a == pytest.approx(b, rel=1e-4, abs=1e-7), key
 
 
+def test_inner_start_trains_one_level_first_then_the_second_decides(tmp_path, text_corpus):
+    """--inner-start 0.5: until half the schedule every token is its own super-token and the second level's policy
+    takes no gradient (the rest trains); from there it decides and trains. A model outside training decides, and a
+    resumed run picks the phase up from its step."""
+    from learntok.train import train
+    from learntok.train.schedule import progress
+
+    from .conftest import tiny_train_config
+
+    torch.manual_seed(0)
+    m = build(tiny_model(d_model=16, inner_start=0.5, **HIER), boundary_config("learned")).train()
+    assert m.inner_open  # built for evaluation: it decides
+    ids = _ids(2, 48, 0)
+    for frac, opened in [(0.4, False), (0.5, True)]:
+        m.zero_grad()
+        m.set_progress(frac)
+        out = m(ids[:, :-1], ids[:, 1:], generator=torch.Generator().manual_seed(1))
+        out.loss.backward()
+        grads = [p.grad.abs().max().item() for p in m.inner.parameters() if p.grad is not None]
+        assert (out.n_super < out.n_tokens).any() == opened
+        assert (max(grads, default=0.0) > 0) == opened
+        assert m.inner_down[0].attn.qkv.weight.grad.abs().max() > 0  # the token levels train in both phases
+    kw = dict(model=tiny_model(inner_start=0.5, **HIER), max_steps=8, batch_size=4)
+    train(tiny_train_config(tmp_path / "r", text_corpus, **kw), log=lambda *_: None)
+    cfg = tiny_train_config(tmp_path / "r", text_corpus, **kw)
+    fracs = [progress(cfg.optim, s * 256, 8 * 256) for s in range(8)]  # 256 bytes a step, the step's start
+    assert [r == 1.0 for r in _logged(tmp_path / "r", "boundary/inner_rate")] == [f < 0.5 for f in fracs]
+    train(tiny_train_config(tmp_path / "a", text_corpus, **{**kw, "max_steps": 3}), log=lambda *_: None)
+    train(tiny_train_config(tmp_path / "a", text_corpus, resume=str(tmp_path / "a"), **kw), log=lambda *_: None)
+    assert [r == 1.0 for r in _logged(tmp_path / "a", "boundary/inner_rate")[3:]] == [f < 0.5 for f in fracs[3:]]
+
+
 def test_cli_trains_resumes_evaluates_and_generates(tmp_path, text_corpus, capsys):
     from learntok.cli import main
 
@@ -411,6 +443,8 @@ def test_cli_trains_resumes_evaluates_and_generates(tmp_path, text_corpus, capsy
     (["--boundaries", "uniform", "--inner-gamma", "0.5"], "--inner-gamma needs --boundaries learned"),
     (["--inner-gamma", "1.5"], "--inner-gamma needs --inner-layers and a value in [0, 1]"),
     (["--inner-layers", "0", "--inner-gamma", "0.5"], "--inner-gamma needs --inner-layers"),
+    (["--inner-start", "1"], "--inner-start needs --inner-layers and a value in [0, 1)"),
+    (["--inner-layers", "0", "--inner-start", "0.5"], "--inner-start needs --inner-layers"),
 ])
 def test_bad_hierarchies_are_one_line(tmp_path, capsys, extra, message):
     from learntok.cli import main

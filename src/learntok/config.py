@@ -104,6 +104,11 @@ class ModelConfig:
     """With --inner-layers and --boundaries learned: the second level's discount per token (its returns sum
     gamma'^k R_{j+k} over the tokens after j); None: --gamma, the first level's discount per byte. Below 1 it
     biases the second level's gradient for lower variance, as --gamma does the first's (docs/method.md §9)."""
+    inner_start: float = 0.0
+    """With --inner-layers: the share of training (of the learning-rate schedule) before the second level decides.
+    Until then every token is its own super-token and the second level's strategy does not train: the token levels
+    learn a one-level model first, and the second level's grouping then meets a model not yet adapted to any (a
+    curriculum; not in the paper). 0: it decides from the first step. A model outside training always decides."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ngram_sizes", tuple(int(n) for n in self.ngram_sizes))  # JSON gives a list
@@ -121,6 +126,9 @@ class ModelConfig:
                              f"{self.inner_rate:g}")
         if self.inner_gamma is not None and (not self.inner_layers or not 0 <= self.inner_gamma <= 1):
             raise ValueError(f"--inner-gamma needs --inner-layers and a value in [0, 1], got {self.inner_gamma:g} "
+                             f"with --inner-layers {self.inner_layers}")
+        if self.inner_start and (not self.inner_layers or not 0 < self.inner_start < 1):
+            raise ValueError(f"--inner-start needs --inner-layers and a value in [0, 1), got {self.inner_start:g} "
                              f"with --inner-layers {self.inner_layers}")
         if self.inner_layers and self.arch != "unet":
             raise ValueError("--inner-layers (a second boundary level) needs --arch unet")

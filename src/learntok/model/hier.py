@@ -9,8 +9,9 @@
     logits = head(decode(X + Y1[c(t)]))
 
 The second level's strategy is the first's (`--boundaries learned` or `uniform`, same options) at --inner-rate
-super-tokens per token. Both levels are causal by the same argument: token j is built at its boundary byte b_j
-and read back by bytes >= b_j; super-token k at its first token, read back by later tokens.
+super-tokens per token; with --inner-start it decides only after that share of training (before it, every token
+is its own super-token: a curriculum). Both levels are causal by the same argument: token j is built at its
+boundary byte b_j and read back by bytes >= b_j; super-token k at its first token, read back by later tokens.
 
 Estimator (learned). A boundary's return counts rewards its decision can reach, as at one level:
 - first level: r_t = log p(x_{t+1}) - log p_early(x_{t+1}), the early head reading X (the paper's);
@@ -147,6 +148,7 @@ class HierLM(ByteLM):
         for part in (self.inner_down, self.inner_up):
             part.apply(self._init)
         self.inner.reset_parameters(cfg.init_std)
+        self.inner_open = True  # whether the second level decides (`set_progress`: not before --inner-start)
         n_layers = cfg.n_down + cfg.n_mid + cfg.n_up + 2 * N  # as ByteLM scales its own blocks
         for name, p in [*self.inner_down.named_parameters(), *self.inner_up.named_parameters()]:
             if name.endswith("attn.proj.weight") or name.endswith("mlp.down.weight"):
@@ -157,6 +159,11 @@ class HierLM(ByteLM):
         with torch.no_grad():
             self.norm_early2.weight.copy_(self.norm_out.weight)
             self.head_early2.weight.copy_(self.head.weight)
+
+    def set_progress(self, frac: float) -> None:
+        """Training's progress through its schedule (0 to 1), told before each step: before --inner-start the
+        second level does not decide (every token its own super-token) and its strategy does not train."""
+        self.inner_open = frac >= self.cfg.inner_start
 
     def compile_stages(self, **options) -> None:
         """--compile for a two-level model: each transformer block compiled on its own (`compile_blocks`), not
@@ -219,6 +226,8 @@ class HierLM(ByteLM):
         z = self._tokens(self.inner_down, tok_x, pos, rope, packing)  # (B,M,D)
         u2 = inner_uniforms(noise).gather(1, pos)  # (B,M)
         out2 = self.inner.propose(z, real.long(), noise=u2, generator=None)
+        if not self.inner_open:  # --inner-start: every token its own super-token
+            out2 = override_boundaries(out2, real)
         out2.mask = out2.mask & real
         return z, out2
 
@@ -291,8 +300,8 @@ class HierLM(ByteLM):
         for k, v in aux.items():
             group, name = k.split("/", 1)
             res.terms[f"{group}/inner_{name}"] = v.detach() if torch.is_tensor(v) else v
-            if group == "loss":
-                res.loss = res.loss + v
+            if group == "loss":  # before --inner-start the strategy does not train (0 x keeps DDP's graph whole)
+                res.loss = res.loss + (v if self.inner_open else 0 * v)
 
     # -- one byte at a time --------------------------------------------------------------------------------
 

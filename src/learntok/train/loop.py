@@ -53,6 +53,7 @@ from learntok.train.schedule import (
     group_lr,
     lr_at,
     make_optimizer,
+    progress,
     total_steps,
 )
 from learntok.train.state import TrainState, open_run_dir, restore_state, save_state, write_config
@@ -253,8 +254,11 @@ def train(cfg: TrainConfig, *, log=print, on_eval: EvalHook | None = None,
                     log(f"FLOPs budget of {cfg.flops_budget:.3g} ({cfg.flops_convention}) reached at step "
                         f"{state.step}")
                     break
-                lr = lr_at(cfg.optim, state.bytes_seen, steps * bytes_per_step, now if cfg.time_budget else 0.0,
-                           cfg.time_budget, spent(state, cfg) / cfg.flops_budget if cfg.flops_budget else 0.0)
+                where = (cfg.optim, state.bytes_seen, steps * bytes_per_step, now if cfg.time_budget else 0.0,
+                         cfg.time_budget, spent(state, cfg) / cfg.flops_budget if cfg.flops_budget else 0.0)
+                lr = lr_at(*where)
+                if hasattr(model, "set_progress"):  # a model whose structure follows the schedule (--inner-start)
+                    model.set_progress(progress(*where))
                 for group in opt.param_groups:
                     group["lr"] = group_lr(group, lr)
                 try:

@@ -90,18 +90,26 @@ def total_steps(cfg: TrainConfig) -> int:
     return max(1, math.ceil(cfg.max_bytes / (cfg.batch_size * cfg.data.seq_len)))
 
 
+def progress(opt: OptimConfig, bytes_seen: float, total_bytes: float, elapsed: float = 0.0,
+             time_budget: float = 0.0, flops_frac: float = 0.0) -> float:
+    """How far the learning-rate schedule is, 0 to 1: 0 through the warm-up over warmup_bytes, then the share of
+    total_bytes after it (with schedule = "time", of time_budget seconds; with "flops", flops_frac = FLOPs spent /
+    budget)."""
+    if bytes_seen < opt.warmup_bytes:
+        return 0.0
+    if opt.schedule == "time":
+        return min(1.0, elapsed / time_budget)
+    if opt.schedule == "flops":
+        return min(1.0, flops_frac)
+    return min(1.0, (bytes_seen - opt.warmup_bytes) / max(1.0, total_bytes - opt.warmup_bytes))
+
+
 def lr_at(opt: OptimConfig, bytes_seen: float, total_bytes: float, elapsed: float = 0.0,
           time_budget: float = 0.0, flops_frac: float = 0.0) -> float:
-    """Linear warm-up over warmup_bytes, then cosine decay to min_lr_ratio * lr at total_bytes (with schedule =
-    "time", at elapsed = time_budget seconds; with "flops", at flops_frac = FLOPs spent / budget = 1)."""
+    """Linear warm-up over warmup_bytes, then cosine decay to min_lr_ratio * lr as `progress` goes from 0 to 1."""
     if bytes_seen < opt.warmup_bytes:
         return opt.lr * (bytes_seen + 1) / opt.warmup_bytes
-    if opt.schedule == "time":
-        frac = min(1.0, elapsed / time_budget)
-    elif opt.schedule == "flops":
-        frac = min(1.0, flops_frac)
-    else:
-        frac = min(1.0, (bytes_seen - opt.warmup_bytes) / max(1.0, total_bytes - opt.warmup_bytes))
+    frac = progress(opt, bytes_seen, total_bytes, elapsed, time_budget, flops_frac)
     return opt.lr * (opt.min_lr_ratio + (1 - opt.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
