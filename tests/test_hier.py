@@ -360,9 +360,10 @@ def test_accumulated_micro_batches_give_the_global_batch_estimator(tmp_path, tex
 
 
 def test_inner_start_trains_one_level_first_then_the_second_decides(tmp_path, text_corpus):
-    """--inner-start 0.5: until half the schedule every token is its own super-token and the second level's policy
-    takes no gradient (the rest trains); from there it decides and trains. A model outside training decides, and a
-    resumed run picks the phase up from its step."""
+    """--inner-start 0.5: until half the schedule every token is its own super-token in training and the second
+    level's policy takes no gradient (the rest trains) and no optimizer step (not even weight decay); from there it
+    decides and trains. A model outside training decides, and a resumed run picks the phase up from its step."""
+    from learntok.checkpoint import load_run
     from learntok.train import train
     from learntok.train.schedule import progress
 
@@ -381,11 +382,20 @@ def test_inner_start_trains_one_level_first_then_the_second_decides(tmp_path, te
         assert (out.n_super < out.n_tokens).any() == opened
         assert (max(grads, default=0.0) > 0) == opened
         assert m.inner_down[0].attn.qkv.weight.grad.abs().max() > 0  # the token levels train in both phases
+    m.eval()  # outside training it decides, whatever the phase
+    assert (m(ids[:, :-1], generator=torch.Generator().manual_seed(1)).n_super < out.n_tokens).any()
     kw = dict(model=tiny_model(inner_start=0.5, **HIER), max_steps=8, batch_size=4)
     train(tiny_train_config(tmp_path / "r", text_corpus, **kw), log=lambda *_: None)
     cfg = tiny_train_config(tmp_path / "r", text_corpus, **kw)
     fracs = [progress(cfg.optim, s * 256, 8 * 256) for s in range(8)]  # 256 bytes a step, the step's start
     assert [r == 1.0 for r in _logged(tmp_path / "r", "boundary/inner_rate")] == [f < 0.5 for f in fracs]
+    cfg = tiny_train_config(tmp_path / "c", text_corpus, **{**kw, "model": tiny_model(inner_start=0.9, **HIER),
+                                                             "max_steps": 3})  # every step before 0.9
+    train(cfg, log=lambda *_: None)
+    torch.manual_seed(cfg.seed)  # as train builds it
+    fresh, (_, trained) = build(cfg.model, cfg.boundary), load_run(tmp_path / "c")
+    assert all(torch.equal(a, b) for a, b in zip(fresh.inner.parameters(), trained.inner.parameters(), strict=True))
+    assert not torch.equal(fresh.inner_down[0].attn.qkv.weight, trained.inner_down[0].attn.qkv.weight)
     train(tiny_train_config(tmp_path / "a", text_corpus, **{**kw, "max_steps": 3}), log=lambda *_: None)
     train(tiny_train_config(tmp_path / "a", text_corpus, resume=str(tmp_path / "a"), **kw), log=lambda *_: None)
     assert [r == 1.0 for r in _logged(tmp_path / "a", "boundary/inner_rate")[3:]] == [f < 0.5 for f in fracs[3:]]

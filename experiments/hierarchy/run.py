@@ -10,7 +10,10 @@ total FLOPs, learned and fixed boundaries; the reading is docs/results.md §9.
 The arms (experiments/arms.py) are the `small` preset at target rate 0.2: `hier1-learned` / `hier1-uniform` with its
 three token layers, `hier2-learned` / `hier2-uniform` with one inner layer on each side of one mid layer over
 super-tokens (--inner-rate 0.5); `hier2-learned-g03` with the second level's own discount 0.3 per token; and at
---inner-rate 0.25 `hier2-learned-g03-r025` / `hier2-uniform-r025`. Each trains on a FLOPs schedule until its total
+--inner-rate 0.25 `hier2-learned-g03-r025` / `hier2-uniform-r025`; and with a curriculum, every token its own
+super-token for the first half of training (--inner-start 0.5), `hier2-learned-g03-s50` / `hier2-uniform-s50` (their
+`init` state in `variance` and `sensitivity` is `hier2-learned-g03`'s: the flag does not change the model built).
+Each trains on a FLOPs schedule until its total
 FLOPs (attention counted, learntok.model.flops) reach the 6N FLOPs of --bytes bytes of `uniform`, so a two-level
 model, cheaper per byte, sees more bytes. Scored on the first 256 KB of the validation and test splits, one boundary
 sample; choose on validation, read test. Records (command, config, SHA, machine, metrics) go to

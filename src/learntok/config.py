@@ -105,10 +105,12 @@ class ModelConfig:
     gamma'^k R_{j+k} over the tokens after j); None: --gamma, the first level's discount per byte. Below 1 it
     biases the second level's gradient for lower variance, as --gamma does the first's (docs/method.md §9)."""
     inner_start: float = 0.0
-    """With --inner-layers: the share of training (of the learning-rate schedule) before the second level decides.
-    Until then every token is its own super-token and the second level's strategy does not train: the token levels
-    learn a one-level model first, and the second level's grouping then meets a model not yet adapted to any (a
-    curriculum; not in the paper). 0: it decides from the first step. A model outside training always decides."""
+    """With --inner-layers: the share of training before the second level decides (of the learning-rate schedule:
+    of the bytes after warm-up, or of --time-budget / --flops-budget with those schedules). Until then every token
+    is its own super-token in training and the second level's strategy does not train: the token levels learn a
+    one-level model first, and the second level's grouping then meets a model not yet adapted to any (a curriculum;
+    not in the paper). 0: it decides from the first step. Outside training (evaluation, a loaded checkpoint) it
+    always decides."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ngram_sizes", tuple(int(n) for n in self.ngram_sizes))  # JSON gives a list

@@ -148,7 +148,7 @@ class HierLM(ByteLM):
         for part in (self.inner_down, self.inner_up):
             part.apply(self._init)
         self.inner.reset_parameters(cfg.init_std)
-        self.inner_open = True  # whether the second level decides (`set_progress`: not before --inner-start)
+        self.inner_open = True  # whether it decides in training (`set_progress`: not before --inner-start)
         n_layers = cfg.n_down + cfg.n_mid + cfg.n_up + 2 * N  # as ByteLM scales its own blocks
         for name, p in [*self.inner_down.named_parameters(), *self.inner_up.named_parameters()]:
             if name.endswith("attn.proj.weight") or name.endswith("mlp.down.weight"):
@@ -162,8 +162,14 @@ class HierLM(ByteLM):
 
     def set_progress(self, frac: float) -> None:
         """Training's progress through its schedule (0 to 1), told before each step: before --inner-start the
-        second level does not decide (every token its own super-token) and its strategy does not train."""
+        second level does not decide in training (every token its own super-token) and its strategy does not train
+        (`idle_parameters`). Outside training it always decides, so a checkpoint scores one way wherever it is read."""
         self.inner_open = frac >= self.cfg.inner_start
+
+    def idle_parameters(self) -> list[nn.Parameter]:
+        """Parameters the optimizer must leave alone this step (the loop drops their gradients, so AdamW neither
+        decays them nor counts the step in their moments): the second level's strategy before --inner-start."""
+        return [] if self.inner_open else list(self.inner.parameters())
 
     def compile_stages(self, **options) -> None:
         """--compile for a two-level model: each transformer block compiled on its own (`compile_blocks`), not
@@ -226,7 +232,7 @@ class HierLM(ByteLM):
         z = self._tokens(self.inner_down, tok_x, pos, rope, packing)  # (B,M,D)
         u2 = inner_uniforms(noise).gather(1, pos)  # (B,M)
         out2 = self.inner.propose(z, real.long(), noise=u2, generator=None)
-        if not self.inner_open:  # --inner-start: every token its own super-token
+        if self.training and not self.inner_open:  # --inner-start: every token its own super-token
             out2 = override_boundaries(out2, real)
         out2.mask = out2.mask & real
         return z, out2

@@ -179,8 +179,9 @@ def trace_step(cfg: TrainConfig, micro_batch: int, *, rate: float | None = None,
         if precision == "bf16":
             model.to(torch.bfloat16)
         # No values to count: the assumed buckets, the token level's over bytes and, in a two-level model, the
-        # super-token level's over its token slots (its target rate + 25 % of them).
-        inner = getattr(model_cfg, "inner_rate", 0.5) * 1.25
+        # super-token level's over its token slots (its target rate + 25 % of them; all of them before
+        # --inner-start, when every token is its own super-token).
+        inner = 1.0 if getattr(model_cfg, "inner_start", 0.0) else getattr(model_cfg, "inner_rate", 0.5) * 1.25
         supers = min(slots, -(-int(inner * slots) // bucket) * bucket)
         model.token_slots = lambda mask: slots if mask.shape[1] == T else supers
         params = sum(p.numel() * p.element_size() for p in model.parameters())

@@ -448,6 +448,9 @@ def train_step(run: Run, step: int) -> tuple[StepCounts, str]:
         if out.batch_stats is not None:
             local.append(out.batch_stats)
         run.window.add_micro(out, run.accum)  # on the device: read at log intervals
+    if hasattr(model, "idle_parameters"):  # their gradients are 0; None keeps AdamW off them (--inner-start)
+        for p in model.idle_parameters():
+            p.grad = None
     clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
     norm = clip_gradients(model.parameters(), clip)
     if hasattr(norm, "full_tensor"):  # FSDP2: a DTensor over the shards
