@@ -189,6 +189,23 @@ def test_fsdp2_two_processes_equal_one_process(tmp_path, cfg):
 
 
 @pytest.mark.integration
+def test_two_level_curriculum_two_processes_equal_one_process(tmp_path, cfg):
+    """A two-level model with --inner-start (closed for steps 0-2 of 4, then deciding): under DDP the second
+    level's zero-weighted losses keep every parameter in the graph, its gradients are dropped on every rank alike,
+    both levels' statistics are global and both of its losses divide by counts that do not depend on the draw, so
+    2 processes x b train what 1 process x 2b trains (its rate loss once divided by its own drawn count: 5e-3)."""
+    from .conftest import tiny_model
+
+    two_level = replace(cfg, model=tiny_model(inner_layers=1, inner_rate=0.5, inner_start=0.5), max_steps=4)
+    _run(replace(two_level, out=str(tmp_path / "one")), world=1)
+    _run(replace(two_level, out=str(tmp_path / "two")), world=2)
+    _assert_same(_weights(tmp_path / "one"), _weights(tmp_path / "two"), atol=2e-5)
+    rates = [json.loads(x).get("boundary/inner_rate") for x in (tmp_path / "two" / "metrics.jsonl").read_text()
+             .splitlines()]
+    assert [r == 1.0 for r in rates if r is not None] == [True, True, True, False]
+
+
+@pytest.mark.integration
 def test_lagged_statistics_two_processes_equal_one_process_with_accumulation(tmp_path, cfg):
     """--batch-stats lagged uses the previous step's global batch (the first step: each micro-batch's own), so
     2 processes x 2 rows and 1 process x 2 micro-batches of 2 rows make the same updates; and they differ from

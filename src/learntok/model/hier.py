@@ -299,10 +299,16 @@ class HierLM(ByteLM):
         second = aux.pop(BATCH_STATS, None)
         if second is not None:
             res.batch_stats = PairSums(res.batch_stats, second)
-        if "loss/policy" in aux:  # a sum over its decisions per first-level decision (not per its own)
-            kept2 = (real & padded.free).sum()
-            kept1 = (valid & res.boundaries.free).sum()
-            aux["loss/policy"] = aux["loss/policy"] * kept2.clamp(min=1) / kept1.clamp(min=1)
+        # The strategy divides its losses by its own decision count, which depends on the first level's draw: a
+        # weight per micro-batch (and rank) that a sum over the global batch does not have. The policy loss is a
+        # sum per first-level decision instead (the joint estimator's scale); the rate loss per expected decision
+        # (the first level's decisions x its target rate), which keeps its scale.
+        if "loss/policy" in aux:  # a learned strategy (fixed groups have no losses and no free decisions)
+            kept2 = (real & padded.free).sum().clamp(min=1)
+            kept1 = (valid & res.boundaries.free).sum().clamp(min=1)
+            aux["loss/policy"] = aux["loss/policy"] * kept2 / kept1
+            if "loss/target" in aux:
+                aux["loss/target"] = aux["loss/target"] * kept2 / (kept1 * self.boundary.cfg.target_rate)
         for k, v in aux.items():
             group, name = k.split("/", 1)
             res.terms[f"{group}/inner_{name}"] = v.detach() if torch.is_tensor(v) else v
