@@ -356,21 +356,21 @@ def summary(path: Path = RECORDS) -> str:
         return ""
     from learntok.evaluation.stats import interval_text, paired_interval
 
-    gap = {id(r): abs(_coin(r["train_last"]) - r["train_last"]["boundary/inner_neg_log_pi"]) for r in learned}
-    coins = [r for r in learned if gap[id(r)] < COIN_NATS]
+    gaps = [abs(_coin(r["train_last"]) - r["train_last"]["boundary/inner_neg_log_pi"]) for r in learned]
+    coins = sum(g < COIN_NATS for g in gaps)
     by = {(r["arm"], r["seed"]): r["test"]["bpb"] for r in rows}
     d = [by["hier2-learned", s] - by["hier1-learned", s] for (a, s) in by if a == "hier2-learned"
          and ("hier1-learned", s) in by]
     p = paired_interval(d)
     verdict = "a tie" if p["tie"] else "one level better" if p["mean"] > 0 else "two levels better"
-    if len(coins) == len(learned):
+    if coins == len(learned):
         policy = (f"its learned policy ended a coin in every run ({len(learned)} runs, "
-                  f"{len({r['arm'] for r in learned})} settings; −log π within {max(gap.values()):.3f} nats of an "
+                  f"{len({r['arm'] for r in learned})} settings; −log π within {max(gaps):.3f} nats of an "
                   "input-blind policy)")
         tail = "Why it does not learn is measured there, not yet solved."
     else:
         policy = (f"its learned policy ended a coin (−log π within {COIN_NATS} nats of an input-blind policy) in "
-                  f"{len(coins)} of {len(learned)} runs ({len({r['arm'] for r in learned})} settings)")
+                  f"{coins} of {len(learned)} runs ({len({r['arm'] for r in learned})} settings)")
         tail = "What the others learned, and what it bought, is there."
     return ("- A second boundary level (`--inner-layers`, [§9](docs/results.md#9-a-second-boundary-level); the "
             f"paper leaves deeper hierarchies open), `small` shape at matched total FLOPs: {policy}; test BPB, two "
