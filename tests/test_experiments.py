@@ -619,6 +619,13 @@ def test_allocation_study_table_pairs_seeds_per_convention_and_budget(tmp_path):
     with_c = tmp_path / "with_c.jsonl"
     records.write(with_c, [*records.load(path), *c])  # a later series, not at wall-clock allocations: not shown
     assert _readme_table(alloc.study_table(with_c))[1]["flat"]["wall-clock"].startswith("-0.100 ± ")
+    d = [final(arm, seed, bpb, "time", series="d", allocation="clock") for arm, seed, bpb in (
+        ("learned-ngrams", 0, 2.0), ("learned-ngrams", 1, 2.1), ("uniform-ngrams", 0, 2.2), ("uniform-ngrams", 1, 2.2))]
+    records.write(with_c, [*records.load(path), *d])  # another wall-clock series, pairing learned with patches only
+    intro, cells = _readme_table(alloc.study_table(with_c))
+    assert cells["flat"]["wall-clock"].startswith("-0.100 ± ")
+    assert cells["fixed patches"]["wall-clock"].startswith("-0.150 ± ")
+    assert "; its rows come from 2 series, each row's pair back to back in one sitting" in intro
     bpe = ["--arch", "token", "--bpe-vocab-size", "4096", "--d-model", "64", "--n-mid", "4", "--bpe-vocab-size", "2048"]
     records.write(path, [*records.load(path), final("learned", 0, 2.4), final("flat", 0, 2.3),
                          final("learned", 1, 2.45), final("flat", 1, 2.3),

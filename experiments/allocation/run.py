@@ -1467,10 +1467,10 @@ def study_table(path: Path = RECORDS) -> str | None:
     columns = sorted(cells, key=lambda c: (c[0] != 1, c[0], c[2], list(VIEWS).index(c[1])))
     vocab = next((f" (vocabulary {int(f['--bpe-vocab-size']):,})" for r in reversed(current)
                   if r["method"] == "bpe-lm" and "--bpe-vocab-size" in (f := _options(r["flags"]))), "")
-    intro = ("- Issue 30's study ([§8](docs/results.md#8-every-method-at-its-own-allocation)): learned − each method, "
-             "test BPB on text no earlier screen read, mean ± 95 % t half-width over paired seeds (their number); "
-             "negative: learned better. Each method at its allocation chosen on validation, with hashed byte n-grams "
-             "(but for *no n-grams*); total FLOPs count attention, the paper's 6N leaves it out.")
+    intro = ("- The allocation study ([§8](docs/results.md#8-every-method-at-its-own-allocation)): learned − "
+             "each method, test BPB on text no earlier screen read, mean ± 95 % t half-width over paired seeds "
+             "(their number); negative: learned better. Each method at its allocation chosen on validation, with "
+             "hashed byte n-grams (but for *no n-grams*); total FLOPs count attention, the paper's 6N leaves it out.")
     others = [NAMES[m] for m in AT_UNIFORMS if any(m in column for column in cells.values())]
     if others:
         said = _and(others)
@@ -1478,7 +1478,9 @@ def study_table(path: Path = RECORDS) -> str | None:
     if (1.0, "time", False) in cells:
         series = {s for s, *_ in cells[1.0, "time", False].values()}
         intro += (" Wall-clock: the flat model's seconds" + (", each at its wall-clock width × depth"
-                  if series <= walloc else "") + _clock_flops(current, (1.0, "time"), series) + ".")
+                  if series <= walloc else "") + _clock_flops(current, (1.0, "time"), series)
+                  + (f"; its rows come from {len(series)} series, each row's pair back to back in one sitting and the"
+                     " sittings at different machine speeds, so read it row by row" if len(series) > 1 else "") + ".")
     scales = sorted({c[0] for c in columns if c[0] != 1})
     if scales:
         wider = sorted({_name(r["arm"]) for r in current if _wider(r) and _budget_key(r)[0] in scales})
