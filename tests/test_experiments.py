@@ -1323,8 +1323,8 @@ def test_allocation_queue_runs_the_study_in_order_and_saves_after_every_step(tmp
     (bpe, entropy and hnet 3, with and without n-grams), runs half the budget's five n-gram arms right after clock
     series x, then the BPE transformer's clock sweep and clock series y (learned beside it, 5 seeds), the headline's
     controls with leaderboard's, and last the 4x budget's five n-gram arms, both at matched
-    FLOPs with 3 seeds, 4x one arm at a time (each record collected as it lands), seed by seed, at the x1
-    allocation (the width check was dropped before it ran)."""
+    FLOPs with 3 seeds, 4x one arm at a time (each record collected as it lands): seed 0 at the x1 allocation, then
+    seed 0 one width step wider, then seeds 1 and 2 at the width validation chose (the width check)."""
     log = tmp_path / "calls"
     stub = tmp_path / "python"
     stub.write_text(f'#!/bin/bash\necho "$(basename "$(dirname "$1")")/$(basename "$1") ${{*:2}}" >> {log}\n')
@@ -1368,9 +1368,9 @@ def test_allocation_queue_runs_the_study_in_order_and_saves_after_every_step(tmp
         assert all(seeds[key] == {0, 1, 2} and not key[1] for key in seeds if key[3] == scale)
     at = {s: [i for i, c in enumerate(calls) if c[1] == "final" and value(c, "--scale") == s] for s in ("4", "0.5")}
     x4 = [(values(calls[i], "--seeds"), values(calls[i], "--arms"), value(calls[i], "--allocation")) for i in at["4"]]
-    assert [(s, a) for s, a, _ in x4] == [([str(s)], [arm]) for s in range(3) for arm in (
-        "learned-ngrams", "flat-ngrams", "bpe-lm-ngrams", "whitespace-ngrams", "uniform-ngrams")]
-    assert {shape for *_, shape in x4} == {None}
+    five = ("learned-ngrams", "flat-ngrams", "bpe-lm-ngrams", "whitespace-ngrams", "uniform-ngrams")
+    assert x4 == [(["0"], [arm], None) for arm in five] + [(["0"], [arm], "wider") for arm in five] + [
+        ([str(s)], [arm], "chosen") for s in (1, 2) for arm in five]
     assert min(at["4"]) > max(i for i, c in enumerate(calls) if c[1] == "final" and "--scale" not in c)
     series_x = [i for i, c in enumerate(calls) if c[1] == "final" and value(c, "--series") == "x"]
     first_control = next(i for i, c in enumerate(calls) if c[0] == "leaderboard/run.py")

@@ -77,14 +77,16 @@ done
 # 5b. the other strategies without n-grams (the issue's "with and without n-gram embeddings where they apply"), 3
 #     seeds, at uniform's allocation like their n-gram arms; added after step 5's plain arms had begun
 for s in 0 1 2; do final --arms bpe entropy hnet --seeds "$s"; done
-# 6. 4x the budget at matched total FLOPs: the n-gram arms of the first three targets and whitespace, 3 seeds, at
-#    each arm's x1 allocation (the scope in docs/results.md §8; whitespace added after series x, before any 4x run).
-#    One arm at a time, its record collected as soon as it finishes: a sitting's machine does not outlive it, so a
-#    run still training when the sitting ends is lost and starts again in the next. The width check (seed 0 one width
-#    step wider, then seeds 1 and 2 at whichever validation preferred) was dropped before it ran, for time: results §8
+# 6. 4x the budget at matched total FLOPs: the n-gram arms of the first three targets and whitespace, 3 seeds (the
+#    scope in docs/results.md §8; whitespace added after series x, before any 4x run). One arm at a time, its record
+#    collected as soon as it finishes: a run still training when a sitting ends is lost if its machine is. Seed 0 at
+#    each arm's x1 allocation, then the width check: seed 0 again one width step wider, and seeds 1 and 2 at
+#    whichever of the two validation preferred. The check was dropped for time before any 4x run and revived after
+#    seed 0's x1 runs, whose gains from 4x ordered by the bytes each x1 shape reads per FLOP (results §8)
 x4=(--ngrams --scale 4 --methods learned flat bpe-lm uniform whitespace)
-for s in 0 1 2; do
-  for arm in learned-ngrams flat-ngrams bpe-lm-ngrams whitespace-ngrams uniform-ngrams; do
-    final "${x4[@]}" --arms "$arm" --seeds "$s"
-  done
+x4arms=(learned-ngrams flat-ngrams bpe-lm-ngrams whitespace-ngrams uniform-ngrams)
+for arm in "${x4arms[@]}"; do final "${x4[@]}" --arms "$arm" --seeds 0; done
+for arm in "${x4arms[@]}"; do final "${x4[@]}" --arms "$arm" --seeds 0 --allocation wider; done
+for s in 1 2; do
+  for arm in "${x4arms[@]}"; do final "${x4[@]}" --arms "$arm" --seeds "$s" --allocation chosen; done
 done
