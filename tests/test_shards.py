@@ -139,6 +139,20 @@ def test_prepare_command(source, tmp_path, capsys):
     assert "no such file or directory" in capsys.readouterr().err
 
 
+def test_prepare_reads_files_with_the_encoding_asked(tmp_path, capsys):
+    """`learntok prepare --encoding` reads whole files as `learntok train --encoding` does (a Latin-1 corpus was
+    skipped as binary), and the manifest records it."""
+    for split in ("train", "valid"):
+        (tmp_path / split).mkdir()
+        (tmp_path / split / "a.txt").write_bytes("caf\xe9 cr\xe8me\n".encode("latin-1") * 20)
+    assert main(["prepare", str(tmp_path), str(tmp_path / "p"), "--no-progress"]) == 2
+    assert "--encoding bytes" in capsys.readouterr().err
+    assert main(["prepare", str(tmp_path), str(tmp_path / "p"), "--no-progress", "--encoding", "latin-1"]) == 0
+    train, _ = load_splits(DataConfig(source=str(tmp_path / "p")))
+    assert train[0].decode("utf-8").startswith("café crème")
+    assert json.loads((tmp_path / "p" / "manifest.json").read_text())["encoding"] == "latin-1"
+
+
 def test_evaluation_reads_the_prepared_splits(source, tmp_path, capsys):
     from learntok.evaluation.report import heldout_documents
     from learntok.train import train
@@ -153,3 +167,18 @@ def test_evaluation_reads_the_prepared_splits(source, tmp_path, capsys):
     cfg, _ = load_run(run)
     desc, docs = heldout_documents(cfg, str(out), "val")  # --data PREPARED: its split
     assert docs == load_split(DataConfig(source=str(source)), "val")[1] and "(val)" in desc
+
+
+def test_val_data_mixes_prepared_corpora_and_sources(source, tmp_path):
+    """--val-data may name a source beside a prepared --data, or a prepared corpus (its val split) beside a
+    source: the same documents either way, read by training and by evaluation alike."""
+    out = prepare(DataConfig(source=str(source)), tmp_path / "p", progress=False, log=_quiet)
+    train, valid = load_splits(DataConfig(source=str(source)))  # the directory's train* and valid* files
+    _, beside_prepared = load_splits(DataConfig(source=str(out), val_data=str(source / "valid.jsonl")))
+    assert list(beside_prepared) == list(valid)
+    cfg = DataConfig(source=str(source), val_data=str(out))
+    mixed_train, from_prepared = load_splits(cfg)
+    assert list(mixed_train) == list(train) and list(from_prepared) == list(valid)
+    assert list(load_split(cfg, "val")[1]) == list(valid)
+    with pytest.raises(DataError, match="--val-data .*a prepared corpus; `learntok prepare` reads sources"):
+        prepare(cfg, tmp_path / "q", progress=False, log=_quiet)

@@ -85,7 +85,7 @@ class BoundaryConfig:
     """Down/upsampling. auto: the strategy's own (select + distribute-add for learned, uniform, whitespace, bpe,
     entropy; mean pooling for dynamic; EMA dechunking for hnet), as the paper does; select: select +
     distribute-add for every strategy; mean: a token is the mean of its bytes' encoder states (dynamic and hnet
-    keep their own)."""
+    keep their own). flat ignores it: every byte is its own token."""
 
     def __post_init__(self) -> None:
         own = type(self).__dataclass_fields__["boundaries"].default

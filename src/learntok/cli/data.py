@@ -24,13 +24,16 @@ examples:
 class PrepareArgs:
     source: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="SOURCE")]
     """The data: 'stdlib', a file, directory or glob of .txt/.md/.py/.jsonl/.parquet (optionally .gz/.xz/.zst),
-    or hf:NAME[:CONFIG][:SPLIT]."""
+    or hf:NAME[:SPLIT] / hf:NAME:CONFIG:SPLIT."""
     out: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="OUT")]
     """Directory to write the prepared corpus to."""
     val_data: str | None = None
     """Validation data (default: a split of the source: its valid* files, or a hash hold-out)."""
     text_field: str = "text"
     """Field holding the text in .jsonl/.parquet/Hugging Face rows."""
+    encoding: str = "utf-8"
+    """How whole-file documents (.txt/.md/.py) are read, as `learntok train --encoding`: utf-8 (non-UTF-8 files
+    are skipped as binary), a codec such as latin-1 (decoded, stored as UTF-8), or bytes (stored as they are)."""
     val_fraction: float = 0.05
     """Share of documents held out (by a hash of the document key) when the source has no validation split."""
     max_bytes: float = 0.0
@@ -55,7 +58,8 @@ def cmd_prepare(argv: list[str]) -> int:
     from learntok.data import prepare
 
     a = parse(PrepareArgs, argv, "learntok prepare", PREPARE_DESCRIPTION)
-    cfg = DataConfig(source=a.source, val_data=a.val_data, text_field=a.text_field, val_fraction=a.val_fraction)
+    cfg = DataConfig(source=a.source, val_data=a.val_data, text_field=a.text_field, val_fraction=a.val_fraction,
+                     encoding=a.encoding)
     out = prepare(cfg, a.out, shard_bytes=int(a.shard_mb * 1e6), max_bytes=a.max_bytes,
                   min_doc_bytes=a.min_doc_bytes, overwrite=a.overwrite, progress=a.progress)
     print(f"train on it with: learntok train --data {out}")

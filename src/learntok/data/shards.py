@@ -94,6 +94,9 @@ def prepare(cfg, out: str | Path, *, shard_bytes: int = 1 << 30, max_bytes: floa
     out = Path(out)
     if is_prepared(cfg.source):
         raise DataError(f"{cfg.source}: already a prepared corpus; train on it with --data {cfg.source}")
+    if cfg.val_data is not None and is_prepared(cfg.val_data):
+        raise DataError(f"--val-data {cfg.val_data}: a prepared corpus; `learntok prepare` reads sources (give the "
+                        "source it was prepared from, or train with --val-data pointing at it)")
     if out.exists() and (not overwrite or not is_prepared(out)) and any(out.iterdir()):
         raise DataError(f"{out}: exists and is not empty" + (" (replace a prepared corpus with --overwrite)"
                                                                if is_prepared(out) else ""))
@@ -122,8 +125,8 @@ def prepare(cfg, out: str | Path, *, shard_bytes: int = 1 << 30, max_bytes: floa
                 raise DataError(f"{cfg.source}: the {split} split is empty (give --val-data, a directory with "
                                 "train* and valid* files, or a larger --val-fraction)")
         manifest = {"format": FORMAT, "version": VERSION, "source": cfg.source, "val_data": cfg.val_data,
-                    "text_field": cfg.text_field, "val_fraction": cfg.val_fraction, "max_bytes": max_bytes,
-                    "shard_bytes": shard_bytes, "min_doc_bytes": min_doc_bytes,
+                    "text_field": cfg.text_field, "encoding": cfg.encoding, "val_fraction": cfg.val_fraction,
+                    "max_bytes": max_bytes, "shard_bytes": shard_bytes, "min_doc_bytes": min_doc_bytes,
                     "short_docs_left_out": {s: n for s, n in short.items() if n}, "learntok": __version__,
                     "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                     "splits": {s: w.finish() for s, w in writers.items()}}

@@ -378,14 +378,17 @@ def hf_split_specs(spec: str) -> dict[str, list[str]] | None:
             "test": [f"hf:{parts[0]}:{n}" for n in names if n.lower().startswith("test")]}
 
 
-def split_documents(cfg: DataConfig, test: bool = False, max_train_bytes: float = 0) -> Iterator[tuple[str, bytes]]:
+def split_documents(cfg: DataConfig, test: bool = False, max_train_bytes: float = 0,
+                    with_val_data: bool = True) -> Iterator[tuple[str, bytes]]:
     """(split, document) for every document of a data config's source, split by these rules in order of
     precedence: a directory with `train*` and `valid*` entries (find_split_files), or an `hf:DIR` DatasetDict with
     train and validation splits (hf_split_specs), gives its splits (validation
     from `val_data` instead if given; with `test`, also its test* entries); `val_data` if given (then all of the
     source trains); for `stdlib` the fixed rule of is_stdlib_val (5% of files); otherwise a hold-out by hash of
     the document key (is_holdout with `val_fraction`). Streams: nothing is held. With `max_train_bytes`, the
-    training documents end once that many bytes have been given (a hash hold-out then ends altogether)."""
+    training documents end once that many bytes have been given (a hash hold-out then ends altogether).
+    `with_val_data=False` leaves `val_data`'s documents out: the caller reads them (learntok.data.splits, which
+    also takes a prepared corpus there)."""
     spec, field, enc = cfg.source, cfg.text_field, cfg.encoding
     budget = [max_train_bytes or float("inf")]
 
@@ -400,14 +403,16 @@ def split_documents(cfg: DataConfig, test: bool = False, max_train_bytes: float 
     if found is not None:
         for path in found["train"]:
             yield from train_docs(str(path))
-        for split, paths in [("val", [cfg.val_data] if cfg.val_data is not None else found["val"])] + \
+        vals = found["val"] if cfg.val_data is None else [cfg.val_data] if with_val_data else []
+        for split, paths in [("val", vals)] + \
                 ([("test", found["test"])] if test else []):
             for path in paths:
                 yield from ((split, text) for _, text in iter_documents(str(path), field, enc))
         return
     if cfg.val_data is not None:
         yield from train_docs(spec)
-        yield from (("val", text) for _, text in iter_documents(cfg.val_data, field, enc))
+        if with_val_data:
+            yield from (("val", text) for _, text in iter_documents(cfg.val_data, field, enc))
         return
     if not 0.0 <= cfg.val_fraction < 1.0:
         raise DataError(f"{spec}: val_fraction must be in [0, 1), got {cfg.val_fraction}")

@@ -19,15 +19,19 @@ def load_splits(cfg: DataConfig) -> tuple[Corpus, Corpus]:
     """(train, validation) corpora of a data config.
 
     A prepared corpus (`--data OUT` of `learntok prepare`) gives its train and val splits, memory-mapped;
-    `--val-data` may name another prepared corpus (its val split) or any source. Anything else is split by
-    `split_documents` into memory; if the hash hold-out leaves validation empty, the last document(s) move to it.
+    `--val-data` (with either kind of `--data`) may name a prepared corpus (its val split) or any source. Anything
+    else is split by `split_documents` into memory; if the hash hold-out leaves validation empty, the last
+    document(s) move to it.
     """
+    given = validation_data(cfg)
     if is_prepared(cfg.source):
-        val = _validation_of_prepared(cfg)
+        val = given if given is not None else Prepared.open(cfg.source).split("val", verify=cfg.verify_data)
         return Prepared.open(cfg.source).split("train", verify=cfg.verify_data), val
     parts = {"train": CorpusBuilder(), "val": CorpusBuilder()}
-    for split, doc in split_documents(cfg):
+    for split, doc in split_documents(cfg, with_val_data=False):
         parts[split].add(doc)
+    if given is not None:
+        return parts["train"].build("training data"), given
     train, val = parts["train"], parts["val"]
     if not len(val):
         for doc in train.pop(min(len(train), max(1, int(len(train) * cfg.val_fraction)))):
@@ -38,16 +42,18 @@ def load_splits(cfg: DataConfig) -> tuple[Corpus, Corpus]:
     return train.build("training data"), val.build("validation data")
 
 
-def _validation_of_prepared(cfg: DataConfig) -> Corpus:
+def validation_data(cfg: DataConfig) -> Corpus | None:
+    """The corpus `--val-data` names: a prepared corpus's val split (memory-mapped) or any source's documents
+    (read into memory); None without --val-data."""
     if cfg.val_data is None:
-        return Prepared.open(cfg.source).split("val", verify=cfg.verify_data)
+        return None
     path = Path(cfg.val_data)
     if path.name == "train" and is_prepared(path.parent):
         raise DataError(f"--val-data {cfg.val_data}: that is the training split of the prepared corpus "
                         f"{path.parent}; give the corpus itself ({path.parent}) to validate on its val split")
     if is_prepared(path):
         return Prepared.open(path).split("val", verify=cfg.verify_data)
-    return _read([cfg.val_data], cfg.text_field, "validation data")
+    return _read([cfg.val_data], cfg, "validation data")
 
 
 def load_split(cfg: DataConfig, split: str) -> tuple[str, Corpus]:
@@ -55,12 +61,10 @@ def load_split(cfg: DataConfig, split: str) -> tuple[str, Corpus]:
     prepared corpus's test split, or the test* files of a split directory). Reads no more than it needs."""
     if split not in ("val", "test"):
         raise ValueError(f"--split must be val or test, got {split!r}")
-    if is_prepared(cfg.source):
-        corpus = _validation_of_prepared(cfg) if split == "val" else \
-            Prepared.open(cfg.source).split("test", verify=cfg.verify_data)
-        return f"{cfg.source} ({split})", corpus
     if split == "val" and cfg.val_data is not None:
-        return cfg.val_data, _read([cfg.val_data], cfg, "validation data")
+        return cfg.val_data, validation_data(cfg)
+    if is_prepared(cfg.source):
+        return f"{cfg.source} ({split})", Prepared.open(cfg.source).split(split, verify=cfg.verify_data)
     found = hf_split_specs(cfg.source) if cfg.source.startswith("hf:") else None if cfg.source == "stdlib" \
         else find_split_files(cfg.source)
     if found is not None and found[split]:

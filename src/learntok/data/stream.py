@@ -159,9 +159,9 @@ def open_stream(cfg, *, rank: int, world_size: int, seed: int) -> tuple[Document
                         "prepare` (memory-mapped shards) or train without --stream")
     skip, val = 0, []
     if cfg.val_data is not None:
-        from learntok.data.sources import iter_documents
+        from learntok.data.splits import validation_data  # a prepared corpus's val split, or any source
 
-        val = [t for _, t in iter_documents(cfg.val_data, cfg.text_field, cfg.encoding)]
+        val = list(validation_data(cfg))
     else:
         n = 0
         for doc in DocumentStream(cfg.source, cfg.text_field, shuffle_buffer=0).documents():
