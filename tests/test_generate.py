@@ -61,6 +61,10 @@ def test_generate_batched_ragged_prompts_and_streaming(tmp_path):
     assert a == b
     assert len(a[0]) == 10
     assert generate(m, ["x = "], 10, temperature=0, seed=3, stop=[a[0][:3]]) == [a[0][:3]]
+    assert generate(m, ["x = "], 10, temperature=1e-45, seed=3) == a  # a tiny temperature is greedy, not nan
+    for bad in ({"temperature": float("nan")}, {"temperature": float("inf")}, {"stop": [b""]}):
+        with pytest.raises(ValueError, match="temperature|stop string is empty"):
+            generate(m, ["x = "], 10, **bad)
 
 
 def test_generation_with_bpe_guidance_recomputes_flags_on_the_prefix(tmp_path):

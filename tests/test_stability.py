@@ -61,3 +61,13 @@ def test_segment_stats_command(tmp_path, capsys):
     st = json.loads(capsys.readouterr().out)
     assert st["whitespace_f1"] == 1 and st["stability"]["shift"]["flip_rate"] == 0
     assert st["bytes"] == len(TEXTS[0])
+
+
+def test_stability_text_reads_nan_back_from_eval_json():
+    """eval.json stores nan as null; `learntok eval` prints the stored block again on its next run (a
+    TypeError once)."""
+    from learntok.evaluation.stability import format_stability
+
+    pair = {"flip_rate": None, "f1": None}
+    text = format_stability({"bytes": 5, "shifts": [1], "shift": pair, "bf16": pair, "int8": pair})
+    assert text.count("flip rate n/a, F1 n/a") == 3

@@ -63,6 +63,11 @@ def test_batch_call_pads_truncates_and_equals_one_by_one(tok):
     assert bytes(b for b in cut["input_ids"][1] if b < 256).decode() == "日本語"  # a cut character is dropped
     with pytest.raises(ValueError, match="max_length"):
         tok(texts, truncation=True)
+    with_bos = tok(texts, truncation=True, max_length=3, add_special_tokens=True)
+    assert [len(r) for r in with_bos["input_ids"]] == [3, 1, 3, 3]  # BOS + 2 bytes; 日 needs 3: dropped
+    assert tok(texts, truncation=True, max_length=1, add_special_tokens=True)["input_ids"] == [[256]] * 4
+    with pytest.raises(ValueError, match="max_length must be at least 1"):
+        tok(texts, truncation=True, max_length=0, add_special_tokens=True)
 
 
 def test_save_and_load_keep_the_settings(tmp_path):
@@ -74,6 +79,22 @@ def test_save_and_load_keep_the_settings(tmp_path):
     text = "save and load keep the same segmentation"
     assert again.encode(text).byte_offsets == greedy.encode(text).byte_offsets
     assert LearnedTokenizer.from_pretrained(path, greedy=False).greedy is False  # keyword arguments win
+
+
+def test_segment_command_keeps_the_saved_settings_unless_asked(tmp_path, capsys):
+    """`learntok segment DIR` draws as the tokenizer saved there does (its seed); --seed overrides it. It used to
+    pass its own defaults over the saved settings."""
+    from learntok.cli import main
+
+    model = build_model("learned")
+    text = TEXTS[0] * 4
+    path = LearnedTokenizer(model, seed=7, window=16).save_pretrained(tmp_path / "tok")
+    spans = {}
+    for seed in (None, 7, 8):
+        assert main(["segment", str(path), "--text", text] + ([] if seed is None else ["--seed", str(seed)])) == 0
+        spans[seed] = capsys.readouterr().out
+    assert spans[None] == spans[7] != spans[8]
+    assert spans[7].strip() == "|".join(LearnedTokenizer(model, seed=7, window=16).encode(text).tokens)
 
 
 def test_sampled_segmentations_follow_the_seed(tok):

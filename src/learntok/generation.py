@@ -15,6 +15,7 @@ steps give the full forward pass's logits and boundaries with the same boundary 
 from __future__ import annotations
 
 import codecs
+import math
 from collections.abc import Callable
 
 import torch
@@ -49,7 +50,7 @@ def _sample(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, 
     logits[:, BOS] = float("-inf")
     if temperature <= 0:
         return logits.argmax(-1)
-    logits = logits / temperature
+    logits = (logits - logits.amax(-1, keepdim=True)) / temperature  # the largest 0: no overflow at a tiny T
     if top_k > 0:
         kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -70,6 +71,10 @@ def generate(model, prompts: list[str | bytes], max_new_bytes: int = 200, *, tem
     multi-byte character is emitted whole). Boundary noise is drawn from `seed` (fixed per position)."""
     if getattr(model, "predicts_tokens", False):
         raise ValueError("generation is for byte-level models; the BPE baseline (--arch token) predicts tokens")
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise ValueError(f"temperature must be a finite number >= 0 (0: greedy), got {temperature}")
+    if stop and not all(stop):
+        raise ValueError("a stop string is empty: it would end every row after one byte")
     model.eval()
     data = [p.encode() if isinstance(p, str) else bytes(p) for p in prompts]
     B, dev = len(data), next(model.parameters()).device

@@ -199,6 +199,9 @@ class LearnedTokenizer:
             raise ValueError(f"padding must be False, True, 'longest' or 'max_length', got {padding!r}")
         if (truncation or padding == "max_length") and max_length is None:
             raise ValueError("truncation and padding='max_length' need max_length")
+        if max_length is not None and max_length < int(add_special_tokens):
+            raise ValueError(f"max_length must be at least {int(add_special_tokens)} (room for BOS with "
+                             f"add_special_tokens=True), got {max_length}")
         if truncation:
             texts = [_truncate(t, max_length - int(add_special_tokens)) for t in texts]
         encs = self.encode_batch(texts)

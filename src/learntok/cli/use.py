@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,7 +12,6 @@ from typing import Annotated, Literal
 import tyro
 
 from learntok.cli import UsageError, parse
-from learntok.draw import EVAL_SEED
 
 
 def ask_rate(model, rate: float) -> None:
@@ -77,8 +77,10 @@ class GenerateArgs:
     def __post_init__(self) -> None:
         if not self.prompt:
             raise ValueError("give at least one --prompt")
-        if self.max_new_bytes < 0 or self.top_k < 0 or self.temperature < 0 or not 0 < self.top_p <= 1:
-            raise ValueError("--max-new-bytes, --top-k and --temperature must be non-negative and --top-p in (0, 1] "
+        if (self.max_new_bytes < 0 or self.top_k < 0 or not 0 <= self.temperature < math.inf
+                or not 0 < self.top_p <= 1):
+            raise ValueError("--max-new-bytes, --top-k and --temperature must be non-negative (--temperature finite) "
+                             "and --top-p in (0, 1] "
                              f"(got {self.max_new_bytes}, {self.top_k}, {self.temperature}, {self.top_p})")
 
 
@@ -117,9 +119,11 @@ class SegmentArgs:
     file: str | None = None
     """A file to segment (its bytes as they are; - = standard input)."""
     greedy: bool = False
-    """A boundary where p > 0.5, instead of sampling with --seed (the paper's evaluation)."""
-    seed: int = EVAL_SEED
-    """Seed of the boundary draws (default: the evaluation seed, as `learntok show` draws them)."""
+    """A boundary where p > 0.5, instead of sampling with --seed (the paper's evaluation). Without it: the
+    setting saved with the tokenizer (`LearnedTokenizer.save_pretrained`), else sampling."""
+    seed: int | None = None
+    """Seed of the boundary draws (default: the one saved with the tokenizer, else the evaluation seed, as
+    `learntok show` draws them)."""
     format: Literal["text", "jsonl"] = "text"
     """text: segments joined by --sep; jsonl: one {start, end, text} object per segment (byte offsets)."""
     sep: str = "|"
@@ -145,13 +149,13 @@ def cmd_segment(argv: list[str]) -> int:
     streamed = a.file not in (None, "-") and a.text is None and not a.stats  # a file: read in blocks
     data = b"" if streamed else read_input(a.text, a.file)
     path = input_path(a.file) if streamed else None
-    more = {k: v for k, v in (("rate", a.rate), ("level", a.level)) if v is not None}
-    tok = LearnedTokenizer.from_pretrained(a.checkpoint, greedy=a.greedy, seed=a.seed, **more)
+    asked = (("rate", a.rate), ("level", a.level), ("seed", a.seed), ("greedy", a.greedy or None))
+    tok = LearnedTokenizer.from_pretrained(a.checkpoint, **{k: v for k, v in asked if v is not None})
     if a.stats:
         from learntok.evaluation.stability import chunk_stats, stability
 
         enc = tok.encode(data)
-        report = {"bytes": len(data), "mode": "greedy" if a.greedy else f"sampled, seed {a.seed}",
+        report = {"bytes": len(data), "mode": "greedy" if tok.greedy else f"sampled, seed {tok.seed}",
                   "level": tok.level, **chunk_stats(enc.token_lengths, [enc.boundaries], [data]),
                   "stability": stability(tok.model, [data], tok.window - 1, level=tok.level)}
         text = json.dumps(report, indent=2).replace("NaN", "null") + "\n"

@@ -106,13 +106,17 @@ def chunk_stats(lengths: list[int], boundaries: list[list[bool]], texts: list[by
             "whitespace_f1": agree["f1"]}
 
 
+def _num(x: float | None, spec: str) -> str:
+    """A number, or n/a for nan (None once eval.json has stored it: JSON has no nan)."""
+    return "n/a" if x is None or x != x else format(x, spec)
+
+
 def format_stability(st: dict) -> str:
     """A few lines for a stability result."""
     def pair(r: dict) -> str:
         if "error" in r:
             return f"n/a ({r['error']})"
-        f1 = "n/a" if r["f1"] != r["f1"] else f"{r['f1']:.3f}"  # nan: no boundaries in either reading
-        return f"flip rate {r['flip_rate']:.4f}, F1 {f1}"
+        return f"flip rate {_num(r['flip_rate'], '.4f')}, F1 {_num(r['f1'], '.3f')}"  # F1 nan: no boundaries
 
     return "\n".join([f"boundary stability (greedy boundaries, first {st['bytes']:,} bytes)",
                       f"  text shifted by {'/'.join(map(str, st['shifts']))} bytes: {pair(st['shift'])}",
