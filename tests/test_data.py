@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import lzma
+import os
 from pathlib import Path
 
 import numpy as np
@@ -58,7 +59,7 @@ def test_formats_read_back_same_documents(tmp_path: Path, comp: str) -> None:
     jl.write_bytes(_compress(_jsonl([{"text": d, "id": i} for i, d in enumerate(DOCS)] + [{"text": ""}]), comp))
     docs = list(iter_documents(str(jl)))
     assert [t.decode() for _, t in docs] == DOCS
-    assert [k for k, _ in docs] == [f"{jl}:{i}" for i in (1, 2, 3)]
+    assert [k for k, _ in docs] == [f"{jl.name}:{i}" for i in (1, 2, 3)]  # keys relative to the spec's directory
 
 
 @pytest.mark.parametrize("comp", ["", ".gz"])
@@ -71,7 +72,7 @@ def test_parquet(tmp_path: Path, comp: str) -> None:
     path.write_bytes(_compress(plain.read_bytes(), comp))
     plain.unlink()
     docs = list(iter_documents(str(path), "body"))
-    assert [t.decode() for _, t in docs] == DOCS and docs[1][0] == f"{path}:1"
+    assert [t.decode() for _, t in docs] == DOCS and docs[1][0] == f"{path.name}:1"
     with pytest.raises(DataError, match="no column 'text'"):
         list(iter_documents(str(path)))
 
@@ -283,3 +284,37 @@ def test_head_documents_keeps_order_and_cuts_the_last():
     assert head_documents([b"abc", b"defg", b"hi"], 5) == [b"abc", b"de"]
     assert head_documents([b"abc"], 10) == [b"abc"] and head_documents([b"abc"], 0) == []
     assert head_documents(iter([b"ab", b"cd"]), 2) == [b"ab"]  # stops reading once full
+
+
+def test_the_hash_holdout_does_not_depend_on_how_the_path_is_spelled(tmp_path: Path, monkeypatch) -> None:
+    """Keys are relative to the spec's directory: a relative, an absolute and a glob spelling of one corpus hold
+    out the same documents (the path as given was hashed once, so two machines split one corpus differently)."""
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "docs.jsonl").write_bytes(_jsonl([{"text": f"document number {i}"} for i in range(400)]))
+    monkeypatch.chdir(tmp_path)
+    spellings = ["c/docs.jsonl", str(tmp_path / "c" / "docs.jsonl"), "c", str(tmp_path / "c"), "c/*.jsonl"]
+    splits = [load_splits(DataConfig(source=s, val_fraction=0.1)) for s in spellings]
+    assert all(s == splits[0] for s in splits) and 15 < len(splits[0][1]) < 70
+
+
+def test_directories_follow_symlinks_and_skip_empty_split_files(tmp_path: Path) -> None:
+    """A symlinked subdirectory is read like a real one (a glob did, a directory did not), a link loop ends, a
+    non-UTF-8 file name hashes, and one empty train* file among others is skipped rather than an error."""
+    real = tmp_path / "elsewhere"
+    real.mkdir()
+    (real / "b.txt").write_text("linked document")
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("top document")
+    (corpus / "linked").symlink_to(real, target_is_directory=True)
+    (real / "loop").symlink_to(corpus, target_is_directory=True)
+    (corpus / os.fsdecode(b"caf\xe9.txt")).write_text("a name that is not UTF-8")
+    docs = sorted(t for _, t in iter_documents(str(corpus)))
+    assert docs == [b"a name that is not UTF-8", b"linked document", b"top document"]
+    load_splits(DataConfig(source=str(corpus), val_fraction=0.5))  # hashes every key, the undecodable one too
+    split = tmp_path / "split"
+    split.mkdir()
+    (split / "train-00.txt").write_text("training text")
+    (split / "train-01.txt").write_text("")
+    (split / "valid.txt").write_text("validation text")
+    assert load_splits(DataConfig(source=str(split))) == ([b"training text"], [b"validation text"])

@@ -70,13 +70,17 @@ def test_segmenter_spans_tile_the_text(run):
 def test_segment_and_show_draw_the_same_boundaries(run):
     """`learntok segment` (Segmenter) and `learntok show` (compute_map) draw with the evaluation seed by default, so
     one text splits the same way in both."""
+    import inspect
+
     from learntok.cli.use import SegmentArgs
     from learntok.cli.viz import ShowArgs
     from learntok.draw import EVAL_SEED
+    from learntok.tokenizer import LearnedTokenizer
     from learntok.viz.boundary_map import compute_map
 
-    assert SegmentArgs.__dataclass_fields__["seed"].default == ShowArgs.__dataclass_fields__["seed"].default == \
-        EVAL_SEED
+    assert SegmentArgs.__dataclass_fields__["seed"].default is None  # None: the tokenizer's saved seed or its default
+    assert ShowArgs.__dataclass_fields__["seed"].default == EVAL_SEED == \
+        inspect.signature(LearnedTokenizer).parameters["seed"].default
     model = learntok.from_pretrained(run)
     data = ("def tokenize(text):\n    return text.split()  # words\n" * 2).encode()
     bmap = compute_map(model, data, window=15)
@@ -150,3 +154,21 @@ def test_segment_and_vocab_commands(tmp_path, run, text_corpus, capsys):
     assert (tmp_path / "file.jsonl").read_text() == (tmp_path / "t.jsonl").read_text()
     assert main(["segment", str(run), "--file", str(tmp_path / "nope.txt")]) == 2
     assert "--file" in capsys.readouterr().err
+
+
+def test_a_loaded_bpe_model_saves_its_tokenizer_again(tmp_path):
+    """save_pretrained(model) of a model loaded from a directory copies its strategy's files from there: a copy
+    of a BPE-guided model used to have no tokenizer and could not be loaded (push_to_hub(model) likewise)."""
+    from learntok.pretrained import save_pretrained
+
+    from .conftest import build_model, prescribed_for
+
+    run = tmp_path / "run"
+    first = save_pretrained(build_model("bpe", run).eval(), tmp_path / "first", seq_len=64, source_dir=run, card=False)
+    model = learntok.from_pretrained(first)
+    copy = save_pretrained(model, tmp_path / "copy", seq_len=64, card=False)
+    assert (copy / "bpe_tokenizer.json").read_bytes() == (first / "bpe_tokenizer.json").read_bytes()
+    again = learntok.from_pretrained(copy)
+    ids = torch.tensor([[256, *b"def f(x):\n    return x"]])
+    kw = {"noise": torch.full(ids.shape, 0.5), "prescribed": prescribed_for(model, ids)}
+    torch.testing.assert_close(again(ids, **kw).logits, model(ids, **kw).logits, rtol=0, atol=0)

@@ -372,3 +372,15 @@ def test_sigterm_to_one_rank_stops_all_ranks_at_the_same_step(tmp_path, text_cor
     mp.start_processes(_signalled_worker, args=(2, _free_port(), cfg, 2), nprocs=2, join=True, start_method="spawn")
     assert (tmp_path / "part" / "latest").read_text().strip() == "step_000003"  # both ranks stopped after step 3
     assert [r["step"] for r in _rows(tmp_path / "part")] == [1, 2, 3]  # rank 0 stopped too; no final evaluation
+
+
+def test_checkpoints_past_step_one_million_are_kept_and_found(tmp_path):
+    """Names carry at least 6 digits, so step_1000000 sorts before step_999800 as text: the newest checkpoint was
+    pruned as soon as it was written, and a damaged `latest` fell back to an older one."""
+    import learntok.checkpoint as ck
+
+    for step in (999_600, 999_800, 1_000_000):
+        ck.save_checkpoint(tmp_path, step, {"w": torch.full((3,), float(step))}, {})
+    assert sorted(p.name for p in tmp_path.glob("step_*")) == ["step_1000000", "step_999800"]
+    (tmp_path / "latest").unlink()
+    assert ck.latest_checkpoint(tmp_path).name == "step_1000000"

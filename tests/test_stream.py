@@ -61,6 +61,11 @@ def test_a_resumed_stream_continues_exactly(spec, shuffle):
     assert all((a == b).all() for a, b in zip([b[0] for b in _take(resumed, 89)], ref[61:]))
     with pytest.raises(ValueError, match="not a stream's"):
         resumed.load_state_dict({"epoch": 0, "position": 0, "seed": 0})
+    from learntok.data.sequences import BatchIterator
+
+    in_memory = BatchIterator(ByteSequences([r.encode() for r in _rows(120)], 48), 3, seed=0)
+    with pytest.raises(ValueError, match="is a stream's .*resume it with --stream"):  # a KeyError once
+        in_memory.load_state_dict(part.state_dict())
 
 
 def test_each_process_streams_its_own_share(spec):
@@ -95,3 +100,11 @@ def test_training_on_a_stream_resumes_bit_exactly(spec, tmp_path):
         return [(r["step"], r["loss/auto"]) for r in rows if "loss/auto" in r]
 
     assert losses("part") == losses("full") and len(losses("full")) == 4
+
+
+def test_no_document_long_enough_is_an_error_not_an_endless_loop(spec):
+    """--stream --no-pack with every row shorter than a window: one pass, then the error (it used to start pass
+    after pass, because skipped rows counted as consumed)."""
+    batches = StreamBatches(DocumentStream(spec, "text", shuffle_buffer=0), 100_000, 2, pack=False)
+    with pytest.raises(DataError, match="no documents of at least 100000 bytes"):
+        batches.next_with_flags()

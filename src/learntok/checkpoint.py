@@ -104,8 +104,7 @@ def save_checkpoint(run_dir: Path, step: int, tensors: dict[str, torch.Tensor] |
             f" (it needs about {_mb(need)}; {free}); its temporary files were removed, "
             + (f"the previous checkpoint {prev.name} is untouched" if prev else "there is no earlier checkpoint")
         ) from e
-    ckpts = sorted(p for p in run_dir.glob("step_*") if p.is_dir())
-    for old_ckpt in ckpts[:-keep]:
+    for old_ckpt in _steps(run_dir)[:-keep]:
         shutil.rmtree(old_ckpt, ignore_errors=True)
     return final
 
@@ -162,9 +161,15 @@ def checkpoint_problem(path: Path, *, weights_only: bool = False, checksums: boo
     return None
 
 
+def _steps(run_dir: Path) -> list[Path]:
+    """Checkpoint directories oldest to newest, by step number (names sort wrongly from step 1,000,000: 7 digits)."""
+    ckpts = [p for p in run_dir.glob("step_*") if p.is_dir() and p.name[5:].isdigit()]
+    return sorted(ckpts, key=lambda p: int(p.name[5:]))
+
+
 def _candidates(run_dir: Path) -> list[Path]:
     """Checkpoint directories, the one `latest` names first, then newest to oldest."""
-    ckpts = sorted((p for p in run_dir.glob("step_*") if p.is_dir()), reverse=True)
+    ckpts = _steps(run_dir)[::-1]
     pointer = run_dir / "latest"
     named = run_dir / pointer.read_text().strip() if pointer.is_file() else None
     return ([named] if named is not None and named.is_dir() else []) + [p for p in ckpts if p != named]
@@ -244,6 +249,7 @@ def load_run(path: str | Path, device: str | torch.device = "cpu"):
     cfg = load_json(str(run_dir / "config.json"))
     model = build_model(cfg.model, cfg.boundary)
     model.boundary.prepare([], [], run_dir)
+    model.files_dir = run_dir  # where its strategy's files are (save_pretrained copies them from there)
     load_weights(ckpt, model)
     model.seq_len = cfg.data.seq_len  # the context length it was trained on (used to window long texts)
     from learntok.boundaries.rates import warn_mismatch

@@ -40,7 +40,8 @@ FORMAT_VERSION = 1
 def save_pretrained(model, out_dir: str | Path, *, seq_len: int, source_dir: str | Path | None = None,
                     card: bool = True) -> Path:
     """Write config.json + model.safetensors (+ for byte-level models the transformers files, learntok.hf_files;
-    + the strategy's files from `source_dir`, the run directory, and
+    + the strategy's files from `source_dir`, the run directory, or else the directory the model was loaded
+    from, and
     with `card` a model card README.md from what the run recorded; learntok.card.write_model_card)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -49,7 +50,7 @@ def save_pretrained(model, out_dir: str | Path, *, seq_len: int, source_dir: str
     if not getattr(model, "predicts_tokens", False):
         hf_files.write(out, seq_len)
     for name in model.boundary.artifacts():
-        src = Path(source_dir or out) / name
+        src = Path(source_dir or getattr(model, "files_dir", None) or out) / name
         if src.resolve() == (out / name).resolve():
             continue
         if src.is_dir():
@@ -208,6 +209,7 @@ def _load_exported(path: Path):
     model = build_model(mcfg, bcfg)
     model.seq_len = seq_len
     model.boundary.prepare([], [], path)
+    model.files_dir = path  # where its strategy's files are (save_pretrained copies them from there)
     try:
         tensors = load_file(str(path / "model.safetensors"))
     except FileNotFoundError:

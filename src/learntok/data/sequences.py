@@ -179,6 +179,9 @@ class BatchIterator:
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         """Continue exactly where the iterator that produced `d` left off (same data required)."""
+        if "stream" in d or "position" not in d:
+            raise ValueError(f"data iterator state {d} is a stream's (the run trained with --stream); resume it "
+                             "with --stream")
         epoch, position, seed = int(d["epoch"]), int(d["position"]), int(d["seed"])
         if epoch < 0 or seed < 0 or not 0 <= position <= len(self.seqs):
             raise ValueError(f"data iterator state {d} does not fit {len(self.seqs)} sequences (data changed?)")

@@ -101,8 +101,9 @@ def prepare(cfg, out: str | Path, *, shard_bytes: int = 1 << 30, max_bytes: floa
         raise DataError(f"{out}: exists and is not empty" + (" (replace a prepared corpus with --overwrite)"
                                                                if is_prepared(out) else ""))
     out.parent.mkdir(parents=True, exist_ok=True)
-    for stale in out.parent.glob(f".{out.name}.partial-*"):  # an earlier prepare that was interrupted
-        shutil.rmtree(stale, ignore_errors=True)
+    for pattern in (f".{out.name}.partial-*", f".{out.name}.replaced-*"):  # an earlier prepare, interrupted
+        for stale in out.parent.glob(pattern):
+            shutil.rmtree(stale, ignore_errors=True)
     tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
     writers: dict[str, _ShardWriter] = {}
     short = dict.fromkeys(SPLITS, 0)
@@ -131,9 +132,11 @@ def prepare(cfg, out: str | Path, *, shard_bytes: int = 1 << 30, max_bytes: floa
                     "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                     "splits": {s: w.finish() for s, w in writers.items()}}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
-        if out.exists():
-            shutil.rmtree(out)
+        old = out.parent / f".{out.name}.replaced-{os.getpid()}"
+        if out.exists():  # two renames, then the slow delete: a kill leaves the old corpus or the new one
+            os.replace(out, old)
         os.replace(tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
     except BaseException:
         bar.close()
         shutil.rmtree(tmp, ignore_errors=True)

@@ -222,9 +222,15 @@ def stdlib_files() -> list[tuple[str, Path]]:
 
 
 def _walk(root: Path) -> list[Path]:
-    """Supported files under a directory, recursively, skipping hidden entries; sorted."""
-    out = []
-    for dirpath, dirnames, filenames in os.walk(root):
+    """Supported files under a directory, recursively, skipping hidden entries and following symlinked
+    directories (each real directory once: a link loop ends); sorted."""
+    out, seen = [], set()
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        real = os.path.realpath(dirpath)
+        if real in seen:
+            dirnames[:] = []
+            continue
+        seen.add(real)
         dirnames[:] = [d for d in dirnames if not d.startswith(".")]
         out += [Path(dirpath) / f for f in filenames if not f.startswith(".") and _supported(Path(f))]
     return sorted(out, key=lambda p: p.as_posix())
@@ -270,12 +276,13 @@ def _decoded(data: bytes, path: Path, encoding: str) -> bytes | None:
         raise DataError(f"{path}: not valid {encoding} ({e.reason} at byte {e.start})") from None
 
 
-def _iter_files(spec: str, files: Sequence[Path], text_field: str,
-                keys: Sequence[str] | None = None, encoding: str = "utf-8") -> Iterator[tuple[str, bytes]]:
+def _iter_files(spec: str, files: Sequence[Path], text_field: str, keys: Sequence[str] | None = None,
+                encoding: str = "utf-8", root: Path | None = None) -> Iterator[tuple[str, bytes]]:
     """Documents of files; whole-file documents that are binary (under `encoding`) are skipped (error if nothing
-    is left)."""
+    is left). Keys name each file by its path relative to `root` when given (see `key_root`)."""
     n_docs, binary = 0, []
     for i, path in enumerate(files):
+        name = _relative(path, root)
         kind = _split_suffix(path)[0]
         if kind == ".jsonl":
             docs: Iterable[tuple[str, bytes]] = _iter_jsonl(path, text_field)
@@ -291,7 +298,7 @@ def _iter_files(spec: str, files: Sequence[Path], text_field: str,
         for key, text in docs:
             if text:
                 n_docs += 1
-                yield key, text
+                yield (key if keys is not None else name + key[len(str(path)):]), text
     if n_docs == 0:
         if binary:
             raise DataError(f"{spec}: no text documents; {len(binary)} file(s) are binary (not UTF-8 or NUL-heavy), "
@@ -308,9 +315,10 @@ def iter_documents(spec: str, text_field: str = "text", encoding: str = "utf-8")
     """(key, UTF-8 bytes) of every non-empty document of `spec`, in a deterministic order.
 
     `spec` is a file, a directory (all supported files, recursively, sorted), a glob (sorted), `hf:NAME[:SPLIT]`
-    or `stdlib`. Keys: the path for whole-file documents, `path:LINE` (1-based) for .jsonl rows, `path:ROW`
-    (0-based) for .parquet rows, `hf:NAME:IDX` for Hugging Face rows and the path relative to the
-    standard-library directory for `stdlib`. Raises DataError for missing, unsupported, malformed or empty data.
+    or `stdlib`. Keys: the path relative to `key_root(spec)` for whole-file documents, `path:LINE` (1-based) for
+    .jsonl rows, `path:ROW` (0-based) for .parquet rows, `hf:NAME:IDX` for Hugging Face rows and the path
+    relative to the standard-library directory for `stdlib`. Raises DataError for missing, unsupported, malformed
+    or empty data.
     """
     if spec == "stdlib":
         pairs = stdlib_files()
@@ -326,7 +334,33 @@ def iter_documents(spec: str, text_field: str = "text", encoding: str = "utf-8")
         if n == 0:
             raise DataError(f"{spec}: no documents (all rows are empty)")
     else:
-        yield from _iter_files(spec, resolve_files(spec), text_field, encoding=encoding)
+        yield from _iter_files(spec, resolve_files(spec), text_field, encoding=encoding, root=key_root(spec))
+
+
+def key_root(spec: str) -> Path:
+    """The directory a file/directory/glob spec's document keys are relative to: the file's directory, the
+    directory, or a glob's leading part without wildcards. So the hash hold-out does not depend on how the path
+    is spelled (relative, absolute, another mount): the same corpus gives the same split anywhere."""
+    path = Path(spec).expanduser()
+    if path.is_file():
+        return path.parent
+    if path.is_dir():
+        return path
+    parts = []
+    for part in path.parts:
+        if any(c in part for c in "*?["):
+            break
+        parts.append(part)
+    return Path(*parts) if parts else Path(".")
+
+
+def _relative(path: Path, root: Path | None) -> str:
+    if root is None:
+        return str(path)
+    try:
+        return os.path.relpath(path, root).replace(os.sep, "/")
+    except ValueError:  # another drive (Windows)
+        return str(path)
 
 
 def is_stdlib_val(relpath: str) -> bool:
@@ -336,7 +370,7 @@ def is_stdlib_val(relpath: str) -> bool:
 
 def is_holdout(key: str, val_fraction: float) -> bool:
     """Hash hold-out of a document key: sha256(key) % 10000 < val_fraction * 10000 is validation."""
-    return int(hashlib.sha256(key.encode()).hexdigest(), 16) % 10000 < val_fraction * 10000
+    return int(hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest(), 16) % 10000 < val_fraction * 10000
 
 
 def find_split_files(directory: str | Path) -> dict[str, list[Path]] | None:
@@ -392,8 +426,17 @@ def split_documents(cfg: DataConfig, test: bool = False, max_train_bytes: float 
     spec, field, enc = cfg.source, cfg.text_field, cfg.encoding
     budget = [max_train_bytes or float("inf")]
 
-    def train_docs(source: str) -> Iterator[tuple[str, bytes]]:
-        for _, text in iter_documents(source, field, enc):
+    def entries(paths: Sequence[str | Path]) -> Iterator[tuple[str, bytes]]:
+        """A split's entries read as one source: one empty or binary file among them is skipped, not an error."""
+        if paths and all(isinstance(p, Path) for p in paths):
+            files = [f for p in paths for f in resolve_files(str(p))]
+            yield from _iter_files(f"{spec} ({', '.join(p.name for p in paths)})", files, field, encoding=enc)
+        else:
+            for p in paths:
+                yield from iter_documents(str(p), field, enc)
+
+    def train_docs(source: str | Sequence[str | Path]) -> Iterator[tuple[str, bytes]]:
+        for _, text in (iter_documents(source, field, enc) if isinstance(source, str) else entries(source)):
             if budget[0] <= 0:
                 return
             budget[0] -= len(text)
@@ -401,13 +444,11 @@ def split_documents(cfg: DataConfig, test: bool = False, max_train_bytes: float 
 
     found = hf_split_specs(spec) if spec.startswith("hf:") else None if spec == "stdlib" else find_split_files(spec)
     if found is not None:
-        for path in found["train"]:
-            yield from train_docs(str(path))
+        yield from train_docs(found["train"])
         vals = found["val"] if cfg.val_data is None else [cfg.val_data] if with_val_data else []
         for split, paths in [("val", vals)] + \
                 ([("test", found["test"])] if test else []):
-            for path in paths:
-                yield from ((split, text) for _, text in iter_documents(str(path), field, enc))
+            yield from ((split, text) for _, text in entries(paths))
         return
     if cfg.val_data is not None:
         yield from train_docs(spec)

@@ -95,7 +95,7 @@ class StreamBatches:
         """The next row as ids (with its EOS when packing) and flags; starts a new pass at the end."""
         while True:
             if self._docs is None:
-                self._docs = self.stream.documents(self.epoch, self.rows)
+                self._docs, self._whole_pass = self.stream.documents(self.epoch, self.rows), self.rows == 0
             doc = next(self._docs, None)
             if doc is not None:
                 ids = np.frombuffer(doc, dtype=np.uint8).astype(np.int64)
@@ -104,7 +104,7 @@ class StreamBatches:
                     ids = np.append(ids, EOS)
                     flags = None if flags is None else np.append(flags, True)
                 return ids, flags
-            if not self._used and self.rows == 0:  # a whole pass without a usable row
+            if not self._used and self._whole_pass:  # a whole pass without a usable row (a resumed one: a part)
                 raise DataError(f"{self.stream.spec}: the stream has no documents"
                                 + (f" of at least {self.seq_len} bytes (--no-pack)" if not self.pack else ""))
             self.epoch, self.rows, self._docs, self._used = self.epoch + 1, 0, None, False

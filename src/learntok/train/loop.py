@@ -357,6 +357,7 @@ def load_data(cfg: TrainConfig, model: ByteLM, out: Path, d: Dist, per_rank: int
         tdist.barrier()
         if not d.is_main:
             strategy.prepare(train_docs, val_docs, out)
+    model.files_dir = out  # where its strategy's files are (learntok.save_pretrained copies them from there)
     annotate = strategy.annotator
     val = ByteSequences(val_docs, dc.seq_len, dc.pack, name="validation data", annotate=annotate)
     if dc.stream:
