@@ -77,6 +77,22 @@ def test_parquet(tmp_path: Path, comp: str) -> None:
         list(iter_documents(str(path)))
 
 
+def test_a_parquet_file_damaged_past_its_footer_is_named(tmp_path: Path) -> None:
+    """The footer reads, a row group's data does not: the error names the file (it was pyarrow's bare message)."""
+    pa = pytest.importorskip("pyarrow", reason="pyarrow not installed (pip install pyarrow)")
+    pq = pytest.importorskip("pyarrow.parquet", reason="pyarrow not installed (pip install pyarrow)")
+    rng = np.random.default_rng(0)
+    docs = ["".join(rng.choice(list("abcdefghij klmnop"), 300)) for _ in range(40)]
+    path = tmp_path / "d.parquet"
+    pq.write_table(pa.table({"text": docs}), path, row_group_size=10, compression="snappy")
+    at = pq.ParquetFile(path).metadata.row_group(2).column(0).data_page_offset + 40
+    data = bytearray(path.read_bytes())
+    data[at:at + 400] = bytes(400)
+    path.write_bytes(bytes(data))
+    with pytest.raises(DataError, match=r"d\.parquet: damaged"):
+        list(iter_documents(str(path)))
+
+
 def test_directory_glob_and_text_field(tmp_path: Path) -> None:
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "b.md").write_text("bee")

@@ -149,8 +149,14 @@ def _iter_parquet(path: Path, text_field: str) -> Iterator[tuple[str, bytes]]:
     names = pf.schema_arrow.names
     if text_field not in names:
         raise DataError(f"{path}: no column {text_field!r} (columns: {', '.join(names)})")
-    row = 0
-    for batch in pf.iter_batches(columns=[text_field]):
+    row, batches = 0, pf.iter_batches(columns=[text_field])
+    while True:
+        try:  # a file damaged past its footer fails here, row group by row group
+            batch = next(batches, None)
+        except (OSError, pa.ArrowException) as e:
+            raise DataError(f"{path}: damaged: {e}") from e
+        if batch is None:
+            return
         for value in batch.column(0).to_pylist():
             yield f"{path}:{row}", _text_bytes(value, f"{path}:{row}", text_field)
             row += 1
