@@ -4,6 +4,7 @@ learntok 0.1 (version 1), and the rules the command line applies."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 
 import pytest
@@ -88,6 +89,23 @@ def test_a_resumed_run_cannot_switch_strategy(tmp_path):
     with pytest.raises(ValueError, match="cannot switch to uniform"):
         parse_train_args(["--resume", str(run), "--boundaries", "uniform"])
     assert parse_train_args(["--resume", str(run), "--gamma", "0.5"]).boundary.gamma == 0.5
+    (tmp_path / "ws.toml").write_text('boundaries = "whitespace"\n')  # nor through a config file
+    with pytest.raises(ValueError, match="cannot switch to whitespace"):
+        parse_train_args(["--resume", str(run), "--config", str(tmp_path / "ws.toml")])
+
+
+def test_a_resumed_run_refuses_settings_it_would_half_apply(tmp_path):
+    """--seed (the data order kept the run's), --batch-size / --seq-len (the schedule counts the run's steps),
+    --out, --overwrite and --preset with --resume were taken silently, or half."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps(to_dict(replace(get_preset("tiny"), overwrite=True))))
+    for flags, named in ((["--seed", "7"], "--seed 7 (the run has 0)"), (["--batch-size", "4"], "--batch-size 4"),
+                         (["--seq-len", "256"], "--seq-len 256"), (["--out", "elsewhere"], "--out elsewhere"),
+                         (["--overwrite"], "--overwrite"), (["--preset", "small"], "--preset small")):
+        with pytest.raises(ValueError, match=re.escape(named)):
+            parse_train_args(["--resume", str(run), *flags])
+    assert parse_train_args(["--resume", str(run), "--seed", "0"]).out == str(run)  # the run's own values pass
 
 
 def test_the_policy_norm_is_an_option_and_older_runs_keep_it():

@@ -71,6 +71,9 @@ def test_a_config_file_of_an_older_version_is_upgraded(tmp_path):
     ("g.ini", "lr = 1\n", "unknown config file type '.ini'"),
     ("h.toml", "lr = -1.0\n", "lr must be > 0"),
     ("i.json", "[1, 2]", "expected a mapping of settings"),
+    ("j.toml", "ngram_sizes = 3\n", "j.toml: model.ngram_sizes: expected a list, got 3"),
+    ("k.toml", "rate_range = [0.1]\n", "k.toml: boundary.rate_range: expected a list of 2"),
+    ("l.json", '{"model": {"d_model": "wide"}}', "l.json: model.d_model: expected a number"),
 ])
 def test_bad_config_files_are_one_line(tmp_path, capsys, name, text, message):
     (tmp_path / name).write_text(text)
@@ -86,3 +89,19 @@ def test_missing_config_file_and_flag_without_value(tmp_path, capsys):
     assert "--config needs a file name" in capsys.readouterr().err
     assert main(["train", "--write-config", str(tmp_path / "x.cfg")]) == 2
     assert "unknown config file type" in capsys.readouterr().err
+
+
+def test_a_run_config_as_a_config_file_starts_a_new_run(tmp_path):
+    """`--config RUN/config.json` copies a run's settings: its resume and overwrite keys (how that command
+    started) are not taken, which used to continue or wipe the run the file came from."""
+    d = {**to_dict(get_preset("tiny")), "resume": str(tmp_path / "old"), "overwrite": True}
+    (tmp_path / "run.json").write_text(json.dumps(d))
+    cfg = parse_train_args(["--config", str(tmp_path / "run.json"), "--out", str(tmp_path / "new")])
+    assert cfg.resume in ("", None) and cfg.overwrite is False and cfg.out == str(tmp_path / "new")
+
+
+def test_yaml_keys_that_are_not_names_are_one_line(tmp_path, capsys):
+    pytest.importorskip("yaml", reason="reading YAML needs PyYAML (pip install 'learntok[yaml]')")
+    (tmp_path / "n.yaml").write_text("1: 2\n")
+    assert main(["train", "--config", str(tmp_path / "n.yaml")]) == 2
+    assert "n.yaml: 1: a setting's name must be a string" in capsys.readouterr().err

@@ -197,6 +197,22 @@ def test_compare_writes_tables_and_marks_the_best(runs, task_dir, tmp_path, caps
         compare([tmp_path / "cmp"], tmp_path / "x")
 
 
+def test_compare_notes_runs_not_measured_alike(runs, task_dir, tmp_path, capsys):
+    """Other bytes of the same held-out text, another number of task examples, another asked rate: each is a note
+    beside the table (they were set side by side silently)."""
+    if not (runs["learned"] / "eval.json").exists():
+        cmd_eval([str(runs["learned"]), "--limit", "3", "--task-dir", str(task_dir), "--no-progress"])
+    a = _variant(runs["learned"], tmp_path / "runA")
+    b = _variant(a, tmp_path / "runB", heldout__bytes=999, heldout__first_sequence=7, tasks__piqa__n=50,
+                 asked_rate=0.3)
+    assert cmd_compare([str(a), str(b), "--out", str(tmp_path / "cmp")]) == 0
+    md = (tmp_path / "cmp" / "comparison.md").read_text()
+    assert "different bytes of the text" in md and "runB: 999 bytes from sequence 7" in md
+    assert "piqa was scored on different numbers of examples" in md and "different boundary rates" in md
+    assert cmd_compare([str(a), str(_variant(a, tmp_path / "runC")), "--out", str(tmp_path / "same")]) == 0
+    assert "different" not in (tmp_path / "same" / "comparison.md").read_text()  # alike: no note
+
+
 def test_skip_bytes_scores_later_text_exactly_as_a_full_pass_scores_it(runs, capsys):
     """--skip-bytes leaves out the first sequences without changing how the rest are scored (the boundary noise
     is keyed on a sequence's index in the split): the bits of sequences 2-3 scored after skipping two equal

@@ -131,3 +131,11 @@ def test_successor_model_accuracy_and_lambada_exact_match(tmp_path):
     model.boundary.exactly_causal = False
     slow = score_task(model, "lambada", examples, 64, BoundaryMode())
     assert (slow["acc"], slow["greedy_prefix"]) == (res["acc"], res["greedy_prefix"])
+
+
+def test_a_task_line_that_is_not_valid_unicode_names_its_line(tmp_path):
+    path = tmp_path / "piqa.jsonl"
+    path.write_text('{"query": "a", "choices": ["b", "c"], "gold": 0}\n{"query": "\\ud800", "choices": ["b", "c"], '
+                    '"gold": 0}\n')
+    with pytest.raises(DataError, match=r"piqa\.jsonl:2: text that is not valid Unicode"):
+        read_task("piqa", path)

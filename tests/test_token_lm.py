@@ -94,3 +94,14 @@ def test_the_bpe_baseline_trains_resumes_and_evaluates(tmp_path, text_corpus):
     assert math.isfinite(first.val_bpb) and 0 < whole.val_rate < 1
     assert main(["eval", str(tmp_path / "run"), "--tasks", "none", "--no-progress", "--limit", "2"]) == 0
     assert main(["generate", str(tmp_path / "run"), "--prompt", "x"]) == 2  # tokens, not bytes
+
+
+def test_lambada_scores_the_bpe_baseline_by_bpb_only(tmp_path):
+    """It predicts tokens, so there is no greedy continuation to check: LAMBADA's accuracies are n/a and its BPB
+    stands (the task used to crash `learntok eval` at bytes([-1]))."""
+    from learntok.evaluation.bpb import BoundaryMode
+    from learntok.evaluation.tasks import Example, score_task
+
+    m = _model(tmp_path).eval()
+    res = score_task(m, "lambada", [Example(b"import torch and", (b" numpy",), 0, "x")] * 2, 64, BoundaryMode())
+    assert res["acc"] is None and res["greedy_prefix"] is None and math.isfinite(res["bpb"])

@@ -181,3 +181,26 @@ def test_report_renders_in_headless_chromium_without_console_errors(run_dir, tmp
     _, console = _chromium(bad, tmp_path / "profile")
     assert any("Uncaught ReferenceError" in line for line in console)
     assert any("Content Security Policy" in line for line in console)
+
+
+def test_report_of_a_run_without_a_checkpoint_or_with_diverged_evaluations(tmp_path):
+    """A run that has written config.json and metrics but no checkpoint yet gets a report with a note (it was an
+    error); evaluations that all diverged (nan) neither make the best BPB nan nor leave the BPB chart empty."""
+    from learntok.config import to_dict
+    from learntok.presets import get_preset
+    from learntok.viz.curves import load_metrics, plot_bpb
+    from learntok.viz.report import _summary, write_report
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps(to_dict(get_preset("tiny"))))
+    lines = [{"step": s, "bytes": 100 * s, "flops": 1e6 * s, "train/bpb": 3.0 - 0.1 * s} for s in range(1, 5)]
+    lines += [{"step": 2, "bytes": 200, "flops": 2e6, "val/bpb": float("nan")},
+              {"step": 4, "bytes": 400, "flops": 4e6, "val/bpb": 2.5}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    html = write_report(run).read_text()
+    assert "no boundary maps: could not load a checkpoint" in html
+    assert dict(_summary(load_metrics(run)))["best validation bits per byte"] == "2.5000"
+    (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines[:-1]))  # only the nan one
+    fig = plot_bpb([load_metrics(run)])
+    assert all(len(ax.lines) == 1 for ax in fig.axes[:2])  # the training BPB instead

@@ -57,9 +57,9 @@ def model_card(model, seq_len: int, run_dir: str | Path | None = None, image: st
     (`bmap`: sample_map's, computed if not given)."""
     facts = _run_facts(Path(run_dir) if run_dir else None)
     mc, bc = model.cfg, model.bcfg
-    data, window = CARD_SAMPLE.encode(), max(1, seq_len - 1)
+    data = CARD_SAMPLE.encode()
     mask = (bmap if bmap is not None else sample_map(model, seq_len)).mask
-    starts = [i for i in range(len(data)) if i % window == 0 or mask[i]] + [len(data)]  # as `learntok segment`
+    starts = [i for i in range(len(data)) if i == 0 or mask[i]] + [len(data)]  # as `learntok segment` draws them
     spans = [data[a:b].decode("utf-8", errors="replace") for a, b in zip(starts, starts[1:])]
     n_bytes = len(data)
     params = sum(p.numel() for p in model.parameters())
@@ -102,8 +102,9 @@ def model_card(model, seq_len: int, run_dir: str | Path | None = None, image: st
         lines.append(f"Validation bits per byte {ev['val/bpb']:.4f} at boundary rate {ev['val/rate']:.3f} "
                      f"(step {ev['step']:,}).")
     for name, res in (report.get("tasks") or {}).items():
-        acc, bpb = res.get("acc", float("nan")), res.get("bpb", float("nan"))
-        lines.append(f"- {name}: accuracy {acc:.3f}, gold BPB {bpb:.3f} (n = {res.get('n')})")
+        acc, bpb = (res.get(k) for k in ("acc", "bpb"))  # None: n/a (LAMBADA for the BPE transformer)
+        lines.append(f"- {name}: accuracy {'n/a' if acc is None else f'{acc:.3f}'}, gold BPB "
+                     f"{'n/a' if bpb is None else f'{bpb:.3f}'} (n = {res.get('n')})")
     if not ev and not report:
         lines.append("Not recorded.")
     lines += ["", "## Boundaries", "",

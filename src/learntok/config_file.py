@@ -58,7 +58,17 @@ def _read(path: Path) -> dict:
         return {}
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a mapping of settings, got {type(data).__name__}")
+    _check_keys(data, path)
     return data
+
+
+def _check_keys(data: dict, path: Path, where: str = "") -> None:
+    """Every key a string (YAML reads `1: 2` as an integer key)."""
+    for k, v in data.items():
+        if not isinstance(k, str):
+            raise ValueError(f"{path}: {where}{k!r}: a setting's name must be a string")
+        if isinstance(v, dict):
+            _check_keys(v, path, f"{where}{k}.")
 
 
 def _coerce(value: Any, hint: Any, where: str) -> Any:
@@ -95,6 +105,13 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
         if not isinstance(value, str):
             raise ValueError(f"{where}: expected a string, got {value!r}")
         return value
+    if origin is tuple:  # tuple[int, ...] or tuple[float, float]
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"{where}: expected a list, got {value!r}")
+        kinds = [args[0]] * len(value) if len(args) == 2 and args[1] is Ellipsis else list(args)
+        if len(kinds) != len(value):
+            raise ValueError(f"{where}: expected a list of {len(kinds)}, got {value!r}")
+        return tuple(_coerce(v, k, where) for v, k in zip(value, kinds))
     return value
 
 
@@ -139,6 +156,8 @@ def apply_file(base: TrainConfig, path: str | Path) -> TrainConfig:
         raise FileNotFoundError(f"--config {path}: no such file")
     raw = {k.replace("-", "_"): v for k, v in _read(path).items()}
     raw.pop("run_info", None)
+    for key in RUN_CONTROL:  # a run's config.json has them: they say how that command started, not what to train
+        raw.pop(key, None)
     version = raw.pop("config_version", CONFIG_VERSION)  # a file without one is read as the current version
     if version != CONFIG_VERSION:
         try:

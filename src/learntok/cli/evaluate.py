@@ -136,8 +136,13 @@ def cmd_eval(argv: list[str]) -> int:
     cfg = loaded.cfg or TrainConfig(model=model.cfg, boundary=model.bcfg, data=DataConfig(seq_len=loaded.seq_len))
     where = ckpt or loaded.hub_id or loaded.path
     print(f"learntok eval {a.checkpoint}: {where}", file=sys.stderr)
-    default_dir = run_dir or (Path(".") if loaded.hub_id else loaded.path)
-    path = Path(a.out) if a.out else default_dir / ("eval.json" if a.rate is None else f"eval-rate{a.rate:g}.json")
+    from learntok.pretrained import bundled
+
+    name = "eval.json" if a.rate is None else f"eval-rate{a.rate:g}.json"
+    default_dir = run_dir or (Path(".") if loaded.hub_id or bundled(str(a.checkpoint)) else loaded.path)
+    path = Path(a.out) if a.out else default_dir / name  # a bundled model's directory is the installed package's
+    if path.is_dir():
+        path = path / name
     try:
         previous = read_eval(path) if path.exists() else None
     except ValueError:

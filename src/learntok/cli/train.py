@@ -93,7 +93,7 @@ def parse_train_args(argv: list[str], config_file: str | None = None):
         cfg_path = Path(known.resume) / "config.json"
         if not cfg_path.exists():
             raise UsageError(f"--resume {known.resume}: no config.json there (not a learntok run directory)")
-        base = replace(load_json(str(cfg_path)), resume=known.resume, out=known.resume)
+        base = replace(load_json(str(cfg_path)), resume=known.resume, out=known.resume, overwrite=False)
         if known.boundaries and known.boundaries != base.boundary.boundaries:
             raise UsageError(f"--resume {known.resume}: the run trains --boundaries {base.boundary.boundaries}; "
                              f"a run cannot switch to {known.boundaries} (start a new run instead)")
@@ -101,18 +101,36 @@ def parse_train_args(argv: list[str], config_file: str | None = None):
         base = get_preset(known.preset or "tiny")
         if known.boundaries and known.boundaries != base.boundary.boundaries:
             base = replace(base, boundary=base.boundary.converted(config_class(known.boundaries)))
+    run = base if known.resume else None  # the resumed run's own config
     if config_file:
         from learntok.config_file import apply_file
 
         base = apply_file(base, config_file)
+        if run is not None and base.boundary.boundaries != run.boundary.boundaries:
+            raise UsageError(f"--config {config_file}: the run {known.resume} trains --boundaries "
+                             f"{run.boundary.boundaries}; a run cannot switch to {base.boundary.boundaries}")
         if known.boundaries and known.boundaries != base.boundary.boundaries:
             base = replace(base, boundary=base.boundary.converted(config_class(known.boundaries)))
     cls = type(base.boundary)
     _check_strategy_flags(argv, base.boundary.boundaries)
     cfg = parse(TrainConfig[cls], argv, "learntok train", TRAIN_DESCRIPTION, default=base)
-    if known.resume:
+    if run is not None:
         _check_same_weights(base, cfg)
+        _check_resume_settings(run, cfg, known.preset)
     return cfg
+
+
+def _check_resume_settings(run, cfg, preset: str | None) -> None:
+    """Settings a resumed run cannot take: they would be half applied (the data order keeps the run's seed, the
+    schedule counts its steps in its batch) or name another run, so they are one line, not ignored."""
+    bad = [f"--preset {preset} (a resumed run keeps its settings)"] if preset else []
+    bad += ["--overwrite (it would delete the run being resumed)"] if cfg.overwrite else []
+    bad += [f"--out {cfg.out} (a resumed run trains in its own directory)"] if cfg.out != run.out else []
+    bad += [f"--{flag} {new} (the run has {old})" for flag, old, new in (
+        ("seed", run.seed, cfg.seed), ("batch-size", run.batch_size, cfg.batch_size),
+        ("seq-len", run.data.seq_len, cfg.data.seq_len)) if old != new]
+    if bad:
+        raise UsageError(f"--resume {cfg.resume}: {'; '.join(bad)}: start a new run instead")
 
 
 def _check_same_weights(base, cfg) -> None:

@@ -27,7 +27,7 @@ def read_input(text: str | None, file: str | None, default: bytes | None = None)
     if text is not None and file is not None:
         raise UsageError("give --text or --file, not both")
     if text is not None:
-        return text.encode("utf-8")
+        return text.encode("utf-8", "surrogateescape")  # bytes that were not UTF-8 in argv come back as they were
     if file is None and default is not None:
         return default
     if file is None or file == "-":

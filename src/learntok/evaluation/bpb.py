@@ -335,7 +335,7 @@ def greedy_decode(model, contexts: Sequence[bytes], keys: Sequence[int], n_new: 
                              window, bm1, batch_size=batch_size)
         still = []
         for i, s in zip(active, scores):
-            if s.next_byte >= 256:
+            if not 0 <= s.next_byte < 256:  # a special id, or none (-1: a model that predicts tokens)
                 continue
             gen[i] += bytes([s.next_byte])
             if len(gen[i]) < limits[i] and (stop is None or not stop(i, gen[i])):

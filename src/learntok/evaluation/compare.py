@@ -129,6 +129,19 @@ def _notes(runs: list[dict]) -> list[str]:
     data = {(r["report"].get("heldout") or {}).get("data") for r in runs} - {None}
     if len(data) > 1:
         notes.append("held-out BPB is on different texts: " + "; ".join(sorted(data)))
+    span = {r["run"]: (h.get("bytes"), h.get("first_sequence")) for r in runs if (h := r["report"].get("heldout"))}
+    if len(data) == 1 and len(set(span.values())) > 1:  # one text, other bytes of it (--max-bytes, --skip-bytes)
+        notes.append("held-out BPB is on different bytes of the text: " + "; ".join(
+            f"{run}: {n:,} bytes from sequence {first}" for run, (n, first) in span.items() if n is not None))
+    rates = {(r["report"].get("asked_rate"), bool(r["report"].get("calibrated"))) for r in runs}
+    if len(rates) > 1:
+        notes.append("runs were asked for different boundary rates (--rate; calibrated or not): " + "; ".join(
+            f"{r['run']}: {r['report'].get('asked_rate') or 'its own'}" for r in runs))
+    for name in sorted({t for r in runs for t in r["report"].get("tasks") or {}}):
+        ns = {r["run"]: r["report"]["tasks"][name].get("n") for r in runs if name in (r["report"].get("tasks") or {})}
+        if len(set(ns.values())) > 1:
+            notes.append(f"{name} was scored on different numbers of examples: "
+                         + ", ".join(f"{run} {n}" for run, n in ns.items()))
     return notes
 
 

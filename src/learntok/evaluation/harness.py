@@ -19,12 +19,14 @@ boundaries, whatever the batching.
 from __future__ import annotations
 
 import hashlib
+import warnings
 
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from learntok.draw import EVAL_SEED
+from learntok.errors import LearntokWarning
 from learntok.evaluation.bpb import BoundaryMode, greedy_decode, score_pairs
 from learntok.vocab import BOS
 
@@ -73,6 +75,10 @@ class LearntokLM(LM):
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
         pairs = [(ctx.encode(), cont.encode()) for ctx, cont in (r.args[:2] for r in requests)]
         scores = self._score(pairs, [text_key(c) for c, _ in pairs], disable_tqdm)
+        if getattr(self.model, "predicts_tokens", False):
+            warnings.warn("the BPE transformer (--arch token) predicts tokens, not bytes: is_greedy is False for "
+                          "every request, so accuracies built on it (LAMBADA's) are not defined", LearntokWarning,
+                          stacklevel=2)
         out = [(-s.nll, s.greedy) for s in scores]
         for r, o in zip(requests, out):
             self.cache_hook.add_partial("loglikelihood", r.args, o)
@@ -98,6 +104,9 @@ class LearntokLM(LM):
         return out
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        if getattr(self.model, "predicts_tokens", False):
+            raise ValueError("learntok model: generation is for byte-level models; the BPE baseline (--arch token) "
+                             "predicts tokens")
         contexts, stops, limits = [], [], []
         for r in requests:
             ctx, kw = r.args[0], dict(r.args[1] if len(r.args) > 1 and r.args[1] else {})

@@ -149,7 +149,10 @@ def read_task(name: str, path: str | Path, limit: int = 0) -> list[Example]:
     for where, row in read_jsonl(path):
         if limit and len(out) >= limit:
             break
-        out.append(_parse(kind, row, where))
+        try:
+            out.append(_parse(kind, row, where))
+        except UnicodeEncodeError:  # a lone surrogate ("\\ud800") in JSON
+            raise DataError(f"{where}: text that is not valid Unicode (a lone surrogate)") from None
     if not out:
         raise DataError(f"{path}: no examples")
     return out
@@ -189,6 +192,10 @@ def score_task(model, name: str, examples: list[Example], window: int, bm: Bound
         res["chance"] = float(np.mean([1 / len(ex.choices) for ex in examples]))
         return res
     _metric(res, "bpb", [s.nll / (LN2 * s.n_bytes) for s in scores])
+    res["chance"] = 0.0
+    if getattr(model, "predicts_tokens", False):  # no byte predictions, so no greedy continuation: BPB only
+        res["acc"] = res["acc_se"] = res["greedy_prefix"] = res["greedy_prefix_se"] = None
+        return res
     spacelike = spacelike_table()
     if model.boundary.exactly_causal:
         prefix = [s.greedy for s in scores]
@@ -202,7 +209,6 @@ def score_task(model, name: str, examples: list[Example], window: int, bm: Bound
         exact = [p and (len(g) == len(c) or bool(spacelike[g[len(c)]])) for p, g, c in zip(prefix, gen, conts)]
     _metric(res, "acc", [float(e) for e in exact])
     _metric(res, "greedy_prefix", [float(p) for p in prefix])
-    res["chance"] = 0.0
     return res
 
 

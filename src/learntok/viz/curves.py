@@ -153,7 +153,7 @@ def plot_bpb(runs: list[RunMetrics]):
     for run, c in zip(runs, _colours(len(runs))):
         for ax, x in zip(axes, ("flops", "bytes")):
             xs, ys = run.series("val/bpb", x, evals=True)
-            if len(xs):
+            if np.isfinite(ys).any():  # evaluations that all diverged (nan) fall back like none
                 _line(ax, xs, ys, c, run.label, noisy=False)
             else:
                 xs, ys = run.series("train/bpb", x)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import math
 import time
 from pathlib import Path
 
@@ -67,8 +68,9 @@ def _summary(run: RunMetrics | None) -> list[tuple[str, str]]:
             rows.append((name, _fmt(float(last[key]))))
     if run.evals:
         bpbs = [float(r["val/bpb"]) for r in run.evals]
+        finite = [b for b in bpbs if math.isfinite(b)]
         rows += [("last validation bits per byte", f"{bpbs[-1]:.4f}"), ("best validation bits per byte",
-                                                                       f"{min(bpbs):.4f}")]
+                                                                       f"{min(finite):.4f}" if finite else "n/a")]
         if "val/rate" in run.evals[-1]:
             rows.append(("last validation boundary rate", f"{float(run.evals[-1]['val/rate']):.4f}"))
     return rows
@@ -85,11 +87,12 @@ def _curves(run: RunMetrics) -> str:
 def _boundary_maps(run_dir: Path, n_samples: int, sample_bytes: int, seed: int) -> str:
     from learntok.checkpoint import load_run
     from learntok.data import DataError
+    from learntok.errors import LearntokError
     from learntok.viz.boundary_map import validation_maps
 
     try:
         cfg, model = load_run(run_dir)
-    except (FileNotFoundError, ValueError, OSError) as e:
+    except (FileNotFoundError, ValueError, OSError, LearntokError) as e:  # LearntokError: no checkpoint yet
         return _note(f"no boundary maps: could not load a checkpoint ({e})")
     try:
         maps = validation_maps(cfg, model, n=n_samples, n_bytes=sample_bytes, seed=seed)
