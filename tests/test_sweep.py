@@ -95,7 +95,10 @@ def test_a_time_budget_sweep_trains_every_cell_for_the_same_seconds(text_corpus,
 
 def test_bad_axes_and_cells_are_one_line_before_anything_trains(text_corpus, tmp_path, capsys):
     for axis, message in (("d-model", "FLAG=V1,V2"), ("n-mid,target-rate=2", "one value per flag"),
-                          ("d-model=33", "cell {'d-model': '33'}"), ("bogus-flag=1", "cell {'bogus-flag': '1'}")):
+                          ("d-model=33", "cell {'d-model': '33'}"), ("bogus-flag=1", "cell {'bogus-flag': '1'}"),
+                          ("seed=1,2", "the sweep sets --seed"), ("flops-budget=1e9,2e9", "sets --flops-budget"),
+                          ("d-model=32,32", "a value is repeated"),
+                          ("seq-len=64,4", "seq_len=4 is shorter than the byte window")):  # check_config's
         assert main(["sweep", str(tmp_path / "s"), "--axis", axis, "--flops-budget", "1e9", "--",
                      *_train_flags(text_corpus)]) == 2
         err = capsys.readouterr().err
@@ -106,6 +109,12 @@ def test_bad_axes_and_cells_are_one_line_before_anything_trains(text_corpus, tmp
     assert main(["sweep", str(tmp_path / "s"), "--axis", "d-model=32", "--flops-budget", "1e9", "--time-budget",
                  "5"]) == 2
     assert "one of them" in capsys.readouterr().err
+    for more in (["--seeds"], ["--seeds", "0", "0"]):
+        assert main(["sweep", str(tmp_path / "s"), "--axis", "d-model=32", "--flops-budget", "1e9", *more]) == 2
+        assert "distinct seeds" in capsys.readouterr().err
+    assert main(["sweep", str(tmp_path / "s"), "--axis", "d-model=32", "--flops-budget", "1e9", "--",
+                 *_train_flags(text_corpus), "--seed", "3"]) == 2
+    assert "--seed: the sweep sets these" in capsys.readouterr().err
 
 
 def test_the_table_puts_the_best_cell_first():
@@ -128,3 +137,16 @@ def test_a_cell_started_with_other_flags_is_refused(text_corpus, tmp_path, capsy
     assert main(["sweep", str(out), "--axis", "byte-window=4", "--flops-budget", BUDGET, "--",
                  *_train_flags(text_corpus)]) == 2
     assert "was started with other flags" in capsys.readouterr().err
+
+
+def test_a_half_written_metrics_line_does_not_stop_the_sweep(tmp_path):
+    """A kill can leave a metrics line cut short (training drops it when it resumes); the sweep's check of a cell
+    skips it rather than ending in a JSON error that no rerun gets past."""
+    from learntok.cli.sweep import _finished
+
+    run = tmp_path / "cell"
+    run.mkdir()
+    done = {"step": 4, "flops_6n": 2e9, "val/bpb": 2.5}
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 4, "flops_6n": 2e9}) + "\n" + json.dumps(done) + "\n"
+                                       + '{"step": 5, "loss/au')
+    assert _finished(run, 1e9, "flops_6n") == done

@@ -60,6 +60,8 @@ class SweepArgs:
         if not self.report and (self.flops_budget > 0) == (self.time_budget > 0):
             raise ValueError("give --flops-budget FLOPS or --time-budget SECONDS (one of them): every cell trains "
                              "to the same budget")
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"--seeds: give one or more distinct seeds (got {' '.join(map(str, self.seeds))})")
 
     def budget(self) -> tuple[str, float]:
         """(the metrics key the budget is counted in, the budget)."""
@@ -80,6 +82,19 @@ class SweepArgs:
                 "--schedule", "flops"]
 
 
+SWEEP_SETS = ("seed", "out", "flops-budget", "flops-convention", "time-budget", "schedule", "max-bytes", "max-steps",
+              "progress-style", "resume", "overwrite")
+"""Train flags the sweep sets for every cell itself: an axis or a train flag naming one would be overridden."""
+
+
+def check_train_flags(train_flags: list[str]) -> None:
+    """Refuse train flags (after --) that the sweep sets itself (SWEEP_SETS)."""
+    named = [f for f in train_flags if f.startswith("--") and f[2:].partition("=")[0] in SWEEP_SETS]
+    if named:
+        raise UsageError(f"{' '.join(named)}: the sweep sets these for every cell (use --seeds, OUT and the budget "
+                         "options of `learntok sweep`)")
+
+
 def parse_axes(specs: tuple[str, ...]) -> list[tuple[tuple[str, ...], list[tuple[str, ...]]]]:
     """[(flags, [values per point])] of the --axis specs; a bad spec is a UsageError naming it."""
     axes = []
@@ -89,6 +104,11 @@ def parse_axes(specs: tuple[str, ...]) -> list[tuple[tuple[str, ...], list[tuple
         points = [tuple(v.strip() for v in point.split(":")) for point in values.split(",") if point.strip()]
         if not eq or not all(flags) or not points or any(len(p) != len(flags) for p in points):
             raise UsageError(f"--axis {spec}: write FLAG=V1,V2 (or FLAG1,FLAG2=A1:B1,A2:B2, one value per flag)")
+        if set(flags) & set(SWEEP_SETS):
+            raise UsageError(f"--axis {spec}: the sweep sets --{', --'.join(sorted(set(flags) & set(SWEEP_SETS)))} "
+                             "for every cell itself (seeds: --seeds; the budget: one sweep per budget)")
+        if len(set(points)) != len(points):
+            raise UsageError(f"--axis {spec}: a value is repeated")
         axes.append((flags, points))
     return axes
 
@@ -116,7 +136,12 @@ def _finished(run: Path, budget: float, key: str) -> dict | None:
     path = run / "metrics.jsonl"
     if not path.exists():
         return None
-    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip().startswith("{")]
+    lines = []
+    for x in path.read_text().splitlines():
+        try:
+            lines.append(json.loads(x))
+        except ValueError:  # a line cut short by a kill (truncate_metrics drops it when the run resumes)
+            continue
     evals = [r for r in lines if "val/bpb" in r]
     if not evals or lines[-1] is not evals[-1] or evals[-1].get(key, 0) < budget * (1 - 1e-9):
         return None
@@ -257,15 +282,17 @@ def run_sweep(a: SweepArgs, train_flags: list[str]) -> None:
     the table and plot after each; every cell's flags are checked before anything trains."""
     from learntok import records
     from learntok.cli.train import parse_train_args
+    from learntok.train.schedule import check_config
 
     out = Path(a.out)
     path = out / RECORDS
     if not a.axis:
         raise UsageError("give at least one --axis FLAG=V1,V2")
+    check_train_flags(train_flags)
     grid = cells(parse_axes(a.axis))
     for cell in grid:  # every cell's flags are checked before anything trains
         try:
-            parse_train_args(cell_argv(train_flags, cell, a.seeds[0], out / "check", a))
+            check_config(parse_train_args(cell_argv(train_flags, cell, a.seeds[0], out / "check", a)))
         except (ValueError, SystemExit) as e:
             raise UsageError(f"cell {cell}: {e}") from None
     out.mkdir(parents=True, exist_ok=True)
