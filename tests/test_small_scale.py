@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 import math
 from pathlib import Path
 
@@ -155,6 +156,14 @@ def test_resuming_a_run_whose_time_budget_is_used_up_is_one_line(tmp_path):
     assert (tmp_path / "run" / "metrics.jsonl").read_text() == before
     res = train(replace(cfg, resume=str(tmp_path / "run"), time_budget=1.0), log=lambda *_: None)
     assert res.seconds > 0.5
+    # stopped between the last checkpoint and the final evaluation (a kill, a preemption): resuming evaluates only
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    lines = metrics.read_text().splitlines()
+    metrics.write_text("\n".join(lines[:-1]) + "\n")  # the final evaluation's line, lost
+    done = train(replace(cfg, resume=str(tmp_path / "run"), time_budget=1.0), log=lambda *_: None)
+    last = json.loads(metrics.read_text().splitlines()[-1])
+    assert "val/bpb" in last and last["step"] == done.steps == json.loads(lines[-1])["step"]
+    assert last["val/bpb"] == pytest.approx(json.loads(lines[-1])["val/bpb"], abs=0)  # the same model, evaluated
 
 
 def _run_script():

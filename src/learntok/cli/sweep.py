@@ -300,11 +300,11 @@ def run_sweep(a: SweepArgs, train_flags: list[str]) -> None:
     done = {(json.dumps(r["axes"], sort_keys=True), r["seed"]) for r in records.load(path)}
     for seed in a.seeds:
         for cell in grid:
-            if (json.dumps(cell, sort_keys=True), seed) in done:
-                continue
             run = out / cell_name(cell, seed)
             argv_cell = ["train", *cell_argv(train_flags, cell, seed, run, a)]
-            _same_cell(run, argv_cell)
+            _same_cell(run, argv_cell)  # a recorded cell too: another budget or flags would mix in the table
+            if (json.dumps(cell, sort_keys=True), seed) in done:
+                continue
             final = _finished(run, amount, key)
             t0, trained = time.time(), final is None
             if final is None:

@@ -11,6 +11,7 @@ same function; rank 0 alone logs and writes files.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -154,15 +155,18 @@ def train(cfg: TrainConfig, *, log=print, on_eval: EvalHook | None = None,
     val = val_batches_with_flags(val_seqs, micro, cfg.data.val_bytes)
     ckpt = open_run_dir(out, bool(cfg.resume), cfg.overwrite, d, log)
     state, optim_state, saved = restore_state(ckpt, model, batches) if ckpt else (TrainState(), None, {})
+    used_up = False  # a budget spent: only the final evaluation is left, if it is
     if ckpt is not None:
-        if cfg.time_budget and state.elapsed >= cfg.time_budget:  # else: no step, and a repeated final evaluation
-            raise ValueError(f"--resume {out}: the run's time budget of {cfg.time_budget:g} s was used up at step "
-                             f"{state.step}; give a larger --time-budget (time_budget=) to continue it")
-        if cfg.flops_budget and spent(state, cfg) >= cfg.flops_budget:
-            raise ValueError(f"--resume {out}: the run's FLOPs budget of {cfg.flops_budget:.3g} "
-                             f"({cfg.flops_convention}) was used up at step {state.step}; give a larger "
-                             "--flops-budget (flops_budget=) to continue it")
-        log(f"resumed from {ckpt} at step {state.step}")
+        used_up = bool(cfg.time_budget and state.elapsed >= cfg.time_budget
+                       or cfg.flops_budget and spent(state, cfg) >= cfg.flops_budget)
+        if used_up and _evaluated_at(out, state.step):  # else: no step, and a repeated final evaluation
+            budget, flag = (f"time budget of {cfg.time_budget:g} s", "--time-budget (time_budget=)") \
+                if cfg.time_budget else (f"FLOPs budget of {cfg.flops_budget:.3g} ({cfg.flops_convention})",
+                                         "--flops-budget (flops_budget=)")
+            raise ValueError(f"--resume {out}: the run's {budget} was used up at step {state.step}; give a larger "
+                             f"{flag} to continue it")
+        log(f"resumed from {ckpt} at step {state.step}" + (" (its budget is spent: the final evaluation)"
+                                                           if used_up else ""))
     sharded = cfg.parallel == "fsdp" and d.active
     if d.active:  # every rank buckets the token level alike (--token-bucket / --compile)
         model.token_count_reduce = lambda count: all_reduce_max(count, d)
@@ -183,7 +187,7 @@ def train(cfg: TrainConfig, *, log=print, on_eval: EvalHook | None = None,
     if cfg.compile and not sharded:
         model.compile_stages()  # the wrapper's forward calls them: DDP's hooks stay outside the graphs
     evaluates = d.is_main or sharded  # FSDP's forward is collective: every rank evaluates
-    steps = total_steps(cfg)
+    steps = state.step if used_up else total_steps(cfg)
     bytes_per_step = cfg.batch_size * cfg.data.seq_len
     wandb = dict(config=to_dict(cfg), project=cfg.wandb_project, entity=cfg.wandb_entity) if cfg.wandb else None
     hooked = [False]  # on_log asked to stop
@@ -334,6 +338,18 @@ def batch_split(cfg: TrainConfig, d: Dist) -> tuple[int, int, int]:
     if per_rank % micro:
         raise ValueError(f"per-process batch {per_rank} is not a multiple of micro_batch_size={micro}")
     return per_rank, micro, per_rank // micro
+
+
+def _evaluated_at(out: Path, step: int) -> bool:
+    """Whether metrics.jsonl ends with an evaluation at `step` (a run stopped between its last checkpoint and its
+    final evaluation has none)."""
+    path = out / "metrics.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    try:
+        last = json.loads(lines[-1]) if lines else {}
+    except ValueError:
+        return False
+    return "val/bpb" in last and last.get("step") == step
 
 
 def load_data(cfg: TrainConfig, model: ByteLM, out: Path, d: Dist, per_rank: int,
