@@ -160,6 +160,10 @@ def test_fixed_threshold_and_reuse_of_the_saved_theta(trained, tmp_path):
     assert again.theta == s.theta
     with pytest.raises(ValueError, match="calibrate"):
         EntropyBoundaries(EntropyConfig(entropy_model=str(trained)), 32).prepare([], [], None)
+    # Another target rate in the same directory (--resume --target-rate, --overwrite) calibrates again: the saved
+    # theta was reused for any rate once.
+    other = _strategy(trained, tmp_path, target_rate=0.125)
+    assert other.theta > s.theta and abs(other.calibrated_rate - 0.125) < 0.01
 
 
 def test_strategy_trains_its_own_model_when_none_is_given(tmp_path):

@@ -118,7 +118,8 @@ class EntropyBoundaries(BoundaryStrategy):
         fingerprint = model_fingerprint(source) if source is not None else None
         if cfg.entropy_threshold <= 0 and saved is not None and saved.exists():
             rec = json.loads(saved.read_text())
-            if rec.get("model") == fingerprint:  # calibrated earlier in this run for this very model
+            # calibrated earlier in this run for this very model and rate (files before the rate was kept: any)
+            if rec.get("model") == fingerprint and rec.get("target", cfg.target_rate) == cfg.target_rate:
                 self.theta, self.calibrated_rate = float(rec["theta"]), float(rec["rate"])
                 self.log(f"entropy boundaries: theta {self.theta:.4f} nats (rate {self.calibrated_rate:.4f}) "
                          f"from {saved}")
@@ -140,8 +141,9 @@ class EntropyBoundaries(BoundaryStrategy):
                  f"{'' if val_docs else ' (the last tenth of the training documents)'}")
         if calibrate and saved is not None:
             saved.parent.mkdir(parents=True, exist_ok=True)
-            saved.write_text(json.dumps({"theta": self.theta, "rate": self.calibrated_rate, "model": fingerprint,
-                                         "entropy_model": str(source), "held_out_bytes": len(h)}, indent=2) + "\n")
+            saved.write_text(json.dumps({"theta": self.theta, "rate": self.calibrated_rate, "target": cfg.target_rate,
+                                         "model": fingerprint, "entropy_model": str(source), "held_out_bytes": len(h)},
+                                        indent=2) + "\n")
 
     def entropies(self, ids: torch.Tensor) -> torch.Tensor:
         """H_t (B,T) of every row of ids, on ids' device (the model follows it there on first use)."""
