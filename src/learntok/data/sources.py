@@ -441,8 +441,8 @@ def split_documents(cfg: DataConfig, test: bool = False, max_train_bytes: float 
             for p in paths:
                 yield from iter_documents(str(p), field, enc)
 
-    def train_docs(source: str | Sequence[str | Path]) -> Iterator[tuple[str, bytes]]:
-        for _, text in (iter_documents(source, field, enc) if isinstance(source, str) else entries(source)):
+    def train_docs(paths: Sequence[str | Path]) -> Iterator[tuple[str, bytes]]:
+        for _, text in entries(paths):
             if budget[0] <= 0:
                 return
             budget[0] -= len(text)
@@ -457,7 +457,7 @@ def split_documents(cfg: DataConfig, test: bool = False, max_train_bytes: float 
             yield from ((split, text) for _, text in entries(paths))
         return
     if cfg.val_data is not None:
-        yield from train_docs(spec)
+        yield from train_docs([spec])
         if with_val_data:
             yield from (("val", text) for _, text in iter_documents(cfg.val_data, field, enc))
         return
