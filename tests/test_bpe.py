@@ -237,3 +237,18 @@ def test_tiny_training_run_with_bpe(tmp_path, text_corpus):
     assert np.isfinite(res.val_bpb)
     _, model = load_run(run)  # evaluation reloads the tokenizer from the run directory
     assert model.boundary.vocab_size == meta["vocab_size"]
+
+
+def test_overwrite_trains_the_tokenizer_again(tmp_path, text_corpus):
+    """--overwrite used to load the replaced run's tokenizer (the strategy was prepared before the run directory
+    was cleared), so a new --bpe-vocab-size was ignored; an old eval.json survived too."""
+    from learntok.train import train
+
+    run = tmp_path / "run"
+    train(tiny_train_config(run, text_corpus, max_steps=1, boundary=BPEConfig(bpe_vocab_size=300)), log=lambda *_: None)
+    assert json.loads((run / META_FILE).read_text())["vocab_size"] == 300
+    (run / "eval.json").write_text("{}")
+    train(tiny_train_config(run, text_corpus, max_steps=1, boundary=BPEConfig(bpe_vocab_size=320), overwrite=True),
+          log=lambda *_: None)
+    assert json.loads((run / META_FILE).read_text())["vocab_size"] == 320
+    assert not (run / "eval.json").exists()

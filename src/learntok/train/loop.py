@@ -151,9 +151,10 @@ def train(cfg: TrainConfig, *, log=print, on_eval: EvalHook | None = None,
     if micro % k:
         raise ValueError(f"--policy-samples {k} does not divide the {micro} rows of a micro-batch per process "
                          "(each sequence's samples must sit in one micro-batch)")
+    # before the data: --overwrite must clear the old strategy's files before the strategy loads them
+    ckpt = open_run_dir(out, bool(cfg.resume), cfg.overwrite, d, log, artifacts=model.boundary.artifacts())
     batches, val_seqs = load_data(cfg, model, out, d, per_rank // k, log)
     val = val_batches_with_flags(val_seqs, micro, cfg.data.val_bytes)
-    ckpt = open_run_dir(out, bool(cfg.resume), cfg.overwrite, d, log)
     state, optim_state, saved = restore_state(ckpt, model, batches) if ckpt else (TrainState(), None, {})
     used_up = False  # a budget spent: only the final evaluation is left, if it is
     if ckpt is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,9 +46,12 @@ class TrainState:
     """Updates skipped because the loss or the gradient norm was not finite."""
 
 
-def open_run_dir(out: Path, resume: bool, overwrite: bool, d: Dist, log=print) -> Path | None:
-    """Check `out` before training: an existing run is never replaced silently (clear it with `overwrite`).
-    Returns the checkpoint to resume from (None for a fresh run).
+def open_run_dir(out: Path, resume: bool, overwrite: bool, d: Dist, log=print,
+                 artifacts: Sequence[str] = ()) -> Path | None:
+    """Check `out` before training: an existing run is never replaced silently (clear it with `overwrite`, which
+    also removes the strategy's files named in `artifacts` and an old eval.json, so that a replaced BPE or entropy
+    run trains its tokenizer or entropy model again for its new settings). Call it before the strategy is
+    prepared. Returns the checkpoint to resume from (None for a fresh run).
 
     Resuming takes the newest intact checkpoint (a damaged newer one is skipped with a warning, see
     `learntok.checkpoint.find_checkpoint`), removes temporary files of interrupted checkpoint writes, and drops
@@ -58,7 +62,8 @@ def open_run_dir(out: Path, resume: bool, overwrite: bool, d: Dist, log=print) -
             raise ValueError(f"{out} already holds a run: continue it with resume='{out}' (--resume), replace it "
                              "with overwrite=True (--overwrite), or choose another out (--out)")
         if d.is_main:
-            for p in [*out.glob("step_*"), out / "latest", out / "metrics.jsonl"]:
+            for p in [*out.glob("step_*"), out / "latest", out / "metrics.jsonl", out / "eval.json",
+                      *(out / name for name in artifacts)]:
                 shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
         if d.active:
             tdist.barrier()
