@@ -80,3 +80,8 @@ def test_a_flops_budget_ends_the_run_and_drives_the_schedule(tmp_path, text_corp
     assert m.evals[-1]["step"] == 5 and load_metrics(tmp_path / "t").evals[-1]["step"] == 4
     with pytest.raises(ValueError, match="--schedule flops needs --flops-budget"):
         train(replace(cfg, out=str(tmp_path / "x"), flops_budget=0.0), log=lambda *_: None)
+    # a periodic evaluation at the step that spends the budget is the final one: one line, not two
+    every = replace(cfg, out=str(tmp_path / "e"), eval_every=5)
+    res = train(every, log=lambda *_: None)
+    evals = load_metrics(tmp_path / "e").evals
+    assert [r["step"] for r in evals] == [5] and res.val_bpb == evals[-1]["val/bpb"]

@@ -234,8 +234,10 @@ def train(cfg: TrainConfig, *, log=print, on_eval: EvalHook | None = None,
                 sinks.image(state.step, view.image)  # the final evaluation's map too
         if d.active:
             tdist.barrier()
+        last_eval[:] = [state.step, ev]
         return ev
 
+    last_eval: list = [-1, None]  # the step of the latest evaluation and its figures
     model.train()
     stopped, ev = "", {"val/bpb": float("nan"), "val/rate": float("nan")}
     try:
@@ -304,7 +306,8 @@ def train(cfg: TrainConfig, *, log=print, on_eval: EvalHook | None = None,
         seconds = state.elapsed = clock.elapsed()
         if not stopped:
             save()
-            ev = evaluate(final=True)
+            # a budget reached right after a periodic evaluation: that one is the final one (no second line)
+            ev = last_eval[1] if last_eval[0] == state.step else evaluate(final=True)
     except KeyboardInterrupt:
         log(f"interrupted at step {state.step}; saving a checkpoint (resume with: learntok train --resume {out})")
         if not sharded:  # gathering shards is collective, and the other ranks may be gone
