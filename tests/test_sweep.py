@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
 from learntok import records
-from learntok.cli import main
+from learntok.cli import UsageError, main
 from learntok.cli.sweep import cells, parse_axes, table
 
 BUDGET = "1.2e9"  # a few steps of the tiny model below
@@ -150,3 +151,18 @@ def test_a_half_written_metrics_line_does_not_stop_the_sweep(tmp_path):
     (run / "metrics.jsonl").write_text(json.dumps({"step": 4, "flops_6n": 2e9}) + "\n" + json.dumps(done) + "\n"
                                        + '{"step": 5, "loss/au')
     assert _finished(run, 1e9, "flops_6n") == done
+
+
+def test_the_same_cell_with_out_spelled_another_way_is_not_refused(text_corpus, tmp_path, monkeypatch):
+    """Cells are compared with their path flags resolved: OUT relative (or through a link) is the same cell."""
+    from learntok.cli.sweep import _same_cell
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "link").symlink_to(tmp_path)
+    cell = tmp_path / "sweep" / "byte-window_4__seed0"
+    cell.parent.mkdir()
+    _same_cell(cell, ["train", "--data", str(text_corpus), "--out", str(cell)])
+    _same_cell(Path("sweep") / cell.name, ["train", "--data", str(text_corpus), "--out", f"sweep/{cell.name}"])
+    _same_cell(cell, ["train", "--data", str(text_corpus), "--out", f"link/sweep/{cell.name}"])
+    with pytest.raises(UsageError, match="other flags"):
+        _same_cell(cell, ["train", "--data", str(text_corpus), "--out", f"other/{cell.name}"])

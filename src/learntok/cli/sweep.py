@@ -152,10 +152,20 @@ def _same_cell(run: Path, argv: list[str]) -> None:
     """Keep each cell's command in RUN.cell.json beside its run directory; a cell started with other flags (the
     train flags or the budget changed between invocations) is an error instead of a silent mix."""
     path = run.with_name(run.name + ".cell.json")
-    if path.exists() and json.loads(path.read_text()) != argv:
+    if path.exists() and _canonical(json.loads(path.read_text())) != _canonical(argv):
         raise UsageError(f"{run} was started with other flags ({' '.join(json.loads(path.read_text()))}); give the "
                          "sweep the flags it began with, another OUT, or remove that cell's directory")
     path.write_text(json.dumps(argv) + "\n")
+
+
+def _canonical(argv: list[str]) -> list[str]:
+    """`argv` with the values of path flags resolved, so that OUT or DATA spelled another way (relative, through
+    a link) is the same cell."""
+    out = list(argv)
+    for i, flag in enumerate(out[:-1]):
+        if flag in ("--out", "--data", "--val-data") and (flag == "--out" or Path(out[i + 1]).exists()):
+            out[i + 1] = str(Path(out[i + 1]).resolve())
+    return out
 
 
 def record(run: Path, cell: dict, seed: int, command: list[str], wall: float | None, final: dict,
