@@ -38,6 +38,9 @@ def test_commands_default_to_it(capsys):
     assert "".join(s["text"] for s in spans) == "Tokenization, learned." and len(spans) > 2
     assert main(["generate", "--prompt", "The ", "--max-new-bytes", "8", "--seed", "1"]) == 0
     assert capsys.readouterr().out.startswith("The ")
+    # a prompt whose bytes are not UTF-8 (argv decoded with surrogateescape) is continued as those bytes
+    assert main(["generate", "--prompt", "caf\udce9", "--max-new-bytes", "4", "--stop", "\udce9x"]) == 0
+    assert capsys.readouterr().out.startswith("caf\ufffd")
     assert main(["show", "--text", "Hello, learned world"]) == 0
     assert "Hello," in capsys.readouterr().out
 

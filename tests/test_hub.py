@@ -46,6 +46,7 @@ def fake_hub(tmp_path, monkeypatch):
 
     def upload_folder(self, *, folder_path, repo_id, **kw):
         calls.append(("upload_folder", repo_id, sorted(p.name for p in Path(folder_path).iterdir())))
+        assert "rate_calibration.json" in kw["delete_patterns"]  # a replaced model's stale files go
         repo = cache / f"models--{repo_id.replace('/', '--')}"
         shutil.copytree(folder_path, repo / "snapshots" / COMMIT)
         (repo / "refs").mkdir(parents=True)
@@ -162,3 +163,18 @@ def test_a_path_that_is_neither_a_directory_nor_a_hub_id(tmp_path, capsys):
     assert main(["generate", str(tmp_path / "runs" / "tyop"), "--prompt", "a"]) == 2
     err = capsys.readouterr().err
     assert "no such directory" in err and "has: tiny" in err and "Hub" in err and "Error" not in err
+
+
+def test_a_push_deletes_only_learntoks_optional_files():
+    """A push removes the strategy files its model lacks (another model's tokenizer or calibration table would
+    be loaded with it), and nothing else of the repository."""
+    from fnmatch import fnmatch
+
+    from learntok.hub import strategy_file_patterns
+
+    patterns = strategy_file_patterns()
+    stale = ["bpe_tokenizer.json", "bpe_meta.json", "entropy_model/model.safetensors", "entropy_threshold.json",
+             "rate_calibration.json", "learntok_tokenizer.json"]
+    assert all(any(fnmatch(f, p) for p in patterns) for f in stale)
+    assert not any(fnmatch(f, p) for p in patterns for f in ("config.json", "model.safetensors", "README.md",
+                                                             "notes/eval.md", ".gitattributes"))

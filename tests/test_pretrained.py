@@ -47,6 +47,14 @@ def test_export_round_trip_and_strict_loading(tmp_path, run):
     (out / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match="not supported"):
         learntok.from_pretrained(out)
+    # a hand-made config without a section, a damaged one: errors that name the problem (a KeyError traceback, and
+    # "an exported model directory, not a training run", before)
+    (out / "config.json").write_text(json.dumps({k: v for k, v in cfg.items() if k != "boundary"}))
+    with pytest.raises(ValueError, match="no boundary"):
+        learntok.from_pretrained(out)
+    (out / "config.json").write_text(json.dumps(cfg)[:40])
+    with pytest.raises(ValueError, match="not valid JSON"):
+        learntok.from_pretrained(out)
     with pytest.raises(FileNotFoundError):
         learntok.from_pretrained(tmp_path / "nothing")
 
@@ -137,6 +145,11 @@ def test_vocab_stats_counts_whole_words():
     st = vocab_stats([data], [spans])
     assert st["segments"] == 4 and st["mean_bytes"] == pytest.approx(11 / 4)
     assert st["whole_word_share"] == pytest.approx(2 / 4)
+    # any script: "Grüße" is a word, "caf" before "é" is not, and a piece cutting a character is none
+    data = "Grüße café".encode()
+    cut = data.index("é".encode())
+    spans = [Span(0, 7, "Grüße"), Span(7, cut, " caf"), Span(cut, cut + 1, "?"), Span(cut + 1, len(data), "?")]
+    assert vocab_stats([data], [spans])["whole_word_share"] == pytest.approx(1 / 4)
 
 
 def test_segment_and_vocab_commands(tmp_path, run, text_corpus, capsys):
@@ -172,3 +185,44 @@ def test_a_loaded_bpe_model_saves_its_tokenizer_again(tmp_path):
     ids = torch.tensor([[256, *b"def f(x):\n    return x"]])
     kw = {"noise": torch.full(ids.shape, 0.5), "prescribed": prescribed_for(model, ids)}
     torch.testing.assert_close(again(ids, **kw).logits, model(ids, **kw).logits, rtol=0, atol=0)
+
+
+def test_an_entropy_model_given_by_path_travels_with_the_export(tmp_path):
+    """A run with --entropy-model PATH has no entropy_model/ of its own: the export used to leave it out and keep
+    PATH in config.json, so the export could not be loaded once PATH was gone (another machine, the Hub)."""
+    import shutil
+
+    from learntok.entropy_model import EntropyLM, EntropyModelConfig, save_entropy_model
+    from learntok.pretrained import save_pretrained
+
+    from .conftest import build_model
+
+    torch.manual_seed(0)
+    ent = save_entropy_model(EntropyLM(EntropyModelConfig()), tmp_path / "ent")
+    run = tmp_path / "run"
+    run.mkdir()
+    model = build_model("entropy", run, entropy_model=str(ent)).eval()
+    out = save_pretrained(model, tmp_path / "exp", seq_len=64, source_dir=run, card=False)
+    assert json.loads((out / "config.json").read_text())["boundary"]["entropy_model"] == ""
+    shutil.rmtree(ent)
+    again = learntok.from_pretrained(out)
+    assert again.boundary.theta == model.boundary.theta  # the saved theta, calibrated for these very weights
+    ids = torch.tensor([[256, *b"the cat sat on the mat"]])
+    torch.testing.assert_close(again(ids).logits, model(ids).logits, rtol=0, atol=0)
+
+
+def test_exporting_again_into_a_directory_leaves_no_stale_strategy_file(tmp_path):
+    """A strategy file the model does not have (here a calibration table) is removed from an earlier export into
+    the same directory, not left to be loaded with the new model."""
+    from learntok.boundaries.rates import RATE_CALIBRATION, Calibration
+    from learntok.pretrained import save_pretrained
+
+    from .conftest import build_model
+
+    model = build_model("learned").eval()
+    model.boundary.calibration = Calibration(rates=(0.1, 0.5), offsets=(3.0, 3.0), info={})
+    out = save_pretrained(model, tmp_path / "exp", seq_len=64, card=False)
+    assert (out / RATE_CALIBRATION).exists()
+    model.boundary.calibration = None
+    save_pretrained(model, out, seq_len=64, card=False)
+    assert not (out / RATE_CALIBRATION).exists() and learntok.from_pretrained(out).boundary.calibration is None

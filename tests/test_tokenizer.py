@@ -81,6 +81,22 @@ def test_save_and_load_keep_the_settings(tmp_path):
     assert LearnedTokenizer.from_pretrained(path, greedy=False).greedy is False  # keyword arguments win
 
 
+def test_a_window_is_a_setting_and_an_export_keeps_the_settings(tmp_path):
+    """A tokenizer's window used to be written as the model's seq_len (max_position_embeddings: lm-eval would cut
+    the context to it), and `learntok export` / `push` of a saved tokenizer dropped its settings file."""
+    import json
+
+    from learntok.cli import main
+
+    model = build_model("learned")
+    model.seq_len = 128
+    path = LearnedTokenizer(model, greedy=True, seed=7, window=16).save_pretrained(tmp_path / "tok")
+    assert json.loads((path / "config.json").read_text())["seq_len"] == 128
+    assert main(["export", str(path), str(tmp_path / "exp")]) == 0
+    again = LearnedTokenizer.from_pretrained(tmp_path / "exp")
+    assert (again.greedy, again.seed, again.window, again.model.seq_len) == (True, 7, 16, 128)
+
+
 def test_segment_command_keeps_the_saved_settings_unless_asked(tmp_path, capsys):
     """`learntok segment DIR` draws as the tokenizer saved there does (its seed); --seed overrides it. It used to
     pass its own defaults over the saved settings."""

@@ -46,6 +46,17 @@ def test_auto_classes_load_an_exported_directory(exported):
     assert torch.allclose(hf(ids).logits, ref, atol=1e-5)
 
 
+def test_the_wrappers_save_keeps_its_boundary_seed(exported, tmp_path):
+    """save_pretrained wrote the export's default boundary_seed 0 over the wrapper's own."""
+    _, path = exported
+    hf = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True)
+    hf.config.boundary_seed = 7
+    ids = torch.tensor([[BOS, *b"the cat sat on the mat"]])
+    hf.save_pretrained(tmp_path / "again")
+    again = AutoModelForCausalLM.from_pretrained(tmp_path / "again", trust_remote_code=True)
+    assert again.config.boundary_seed == 7 and torch.equal(again(ids).logits, hf(ids).logits)
+
+
 def test_set_rate_through_the_wrapper_asks_the_learned_policy(exported):
     model, path = exported
     hf = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True)

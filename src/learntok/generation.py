@@ -68,7 +68,8 @@ def generate(model, prompts: list[str | bytes], max_new_bytes: int = 200, *, tem
              use_cache: bool = True, on_text: Callable[[int, str], None] | None = None) -> list[bytes]:
     """Continue each prompt by up to max_new_bytes bytes. Stops a row at EOS or when its output ends with one
     of `stop`. `on_text(row, text)` streams decoded text as it is produced (UTF-8 decoded incrementally, so a
-    multi-byte character is emitted whole). Boundary noise is drawn from `seed` (fixed per position)."""
+    multi-byte character is emitted whole). Boundary noise and sampling are drawn from `seed` position by position:
+    a larger max_new_bytes continues the same text, row by row."""
     if getattr(model, "predicts_tokens", False):
         raise ValueError("generation is for byte-level models; the BPE baseline (--arch token) predicts tokens")
     if not (math.isfinite(temperature) and temperature >= 0):
@@ -79,7 +80,8 @@ def generate(model, prompts: list[str | bytes], max_new_bytes: int = 200, *, tem
     data = [p.encode() if isinstance(p, str) else bytes(p) for p in prompts]
     B, dev = len(data), next(model.parameters()).device
     total = max(len(p) for p in data) + max_new_bytes
-    noise = torch.rand(B, total, generator=torch.Generator().manual_seed(seed)).to(dev)  # the same on any device
+    # position-major and the same on any device: a row's noise at a position does not depend on max_new_bytes
+    noise = torch.rand(total, B, generator=torch.Generator().manual_seed(seed)).T.contiguous().to(dev)
     gen = torch.Generator(dev).manual_seed(seed)  # next-byte draws, on the logits' device
     if evaluates_greedily(model):
         noise.fill_(0.5)  # a_t = [p_t > 0.5]

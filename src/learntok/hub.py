@@ -16,7 +16,7 @@ from pathlib import Path
 
 from learntok.card import write_model_card
 from learntok.errors import LearntokError
-from learntok.pretrained import hub_package, load, save_pretrained
+from learntok.pretrained import TOKENIZER_SETTINGS, hub_package, load, save_pretrained
 from learntok.version import __version__
 
 
@@ -38,7 +38,23 @@ def push_to_hub(source, repo_id: str, *, private: bool = False, token: str | Non
         try:
             api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
             info = api.upload_folder(folder_path=tmp, repo_id=repo_id, repo_type="model", revision=revision,
-                                     commit_message=commit_message or f"Upload learntok model ({__version__})")
+                                     commit_message=commit_message or f"Upload learntok model ({__version__})",
+                                     delete_patterns=strategy_file_patterns())
         except Exception as e:  # no token, no network, no permission
             raise LearntokError(f"push to {repo_id} failed: {str(e).strip().splitlines()[0]}") from e
     return str(getattr(info, "commit_url", info))
+
+
+def strategy_file_patterns() -> list[str]:
+    """The files a learntok model may or may not have (every strategy's artifacts, a tokenizer's settings), as
+    patterns: a push deletes those its upload does not carry, so a model replaced on the Hub never loads another's
+    tokenizer or calibration table. Other files in the repository are left alone."""
+    from learntok.boundaries import available, boundary_config, build_strategy
+
+    names = {TOKENIZER_SETTINGS}
+    for name in available():
+        try:
+            names.update(build_strategy(boundary_config(name), 64).artifacts())
+        except ImportError:  # a strategy whose optional dependency is missing has no files here either
+            continue
+    return sorted(x for n in names for x in (n, f"{n}/*"))

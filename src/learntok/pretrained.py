@@ -28,6 +28,7 @@ from safetensors.torch import load_file, save_model
 
 from learntok import hf_files
 from learntok.boundaries import BoundaryConfig
+from learntok.boundaries.rates import RATE_CALIBRATION
 from learntok.card import write_model_card
 from learntok.config import CONFIG_VERSION, ModelConfig, boundary_from_dict, build, upgrade
 from learntok.errors import LearntokError, MissingDependency
@@ -35,6 +36,8 @@ from learntok.version import __version__
 
 FORMAT = "learntok-pretrained"
 FORMAT_VERSION = 1
+TOKENIZER_SETTINGS = "learntok_tokenizer.json"
+"""A saved LearnedTokenizer's settings (learntok.tokenizer), copied with its model."""
 
 
 def save_pretrained(model, out_dir: str | Path, *, seq_len: int, source_dir: str | Path | None = None,
@@ -49,21 +52,30 @@ def save_pretrained(model, out_dir: str | Path, *, seq_len: int, source_dir: str
     save_model(model, str(out / "model.safetensors"))
     if not getattr(model, "predicts_tokens", False):
         hf_files.write(out, seq_len)
-    for name in model.boundary.artifacts():
-        src = Path(source_dir or getattr(model, "files_dir", None) or out) / name
-        if src.resolve() == (out / name).resolve():
+    src_dir = Path(source_dir or getattr(model, "files_dir", None) or out)
+    sources = model.boundary.artifact_sources(src_dir)
+    if (src_dir / TOKENIZER_SETTINGS).exists():  # a saved LearnedTokenizer's settings travel with its model
+        sources[TOKENIZER_SETTINGS] = src_dir / TOKENIZER_SETTINGS
+    for name, src in sources.items():
+        dst = out / name
+        if src.exists() and src.resolve() == dst.resolve():
             continue
+        _remove(dst)  # a file of an earlier export into `out` that this model does not have
         if src.is_dir():
-            shutil.copytree(src, out / name, dirs_exist_ok=True)
+            shutil.copytree(src, dst)
         elif src.exists():
-            shutil.copy2(src, out / name)
-    calibration = getattr(model.boundary, "calibration", None)
-    if calibration is not None:  # the table in memory is the model's (the file copied above may be another's)
-        calibration.save(out)
+            shutil.copy2(src, dst)
+    if hasattr(model.boundary, "calibration"):  # the table in memory is the model's (a copied file may be stale)
+        calibration = model.boundary.calibration
+        calibration.save(out) if calibration is not None else _remove(out / RATE_CALIBRATION)
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     if card:
         write_model_card(out, model, seq_len, run_dir=source_dir)
     return out
+
+
+def _remove(path: Path) -> None:
+    shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink(missing_ok=True)
 
 
 def config_dict(model, seq_len: int) -> dict:
@@ -71,7 +83,8 @@ def config_dict(model, seq_len: int) -> dict:
     directory a transformers model too (learntok.transformers_model)."""
     cfg = {"format": FORMAT, "format_version": FORMAT_VERSION, "config_version": CONFIG_VERSION,
            "learntok_version": __version__, "seq_len": seq_len,
-           "model": dataclasses.asdict(model.cfg), "boundary": dataclasses.asdict(model.bcfg)}
+           "model": dataclasses.asdict(model.cfg),
+           "boundary": model.boundary.exported_config(dataclasses.asdict(model.bcfg))}
     if not getattr(model, "predicts_tokens", False):
         cfg.update(hf_files.config_keys(seq_len))
     return cfg
@@ -87,6 +100,8 @@ def read_config(path: Path) -> tuple[ModelConfig, BoundaryConfig, int]:
     if d.get("format_version") != FORMAT_VERSION:
         raise ValueError(f"{cfg_path}: format {d.get('format_version')} is not supported (this learntok reads "
                          f"{FORMAT_VERSION})")
+    if missing := [k for k in ("model", "boundary", "seq_len") if k not in d]:
+        raise ValueError(f"{cfg_path}: no {', '.join(missing)} (a learntok export has model, boundary and seq_len)")
     try:
         sections = upgrade({"model": d["model"], "boundary": d["boundary"]}, d.get("config_version"))
     except ValueError as e:
@@ -192,6 +207,12 @@ def resolve(spec: str | Path) -> tuple[Path, str | None]:
 def load(spec: str | Path, device: str | torch.device = "cpu") -> Loaded:
     """A model from a run directory, a checkpoint directory, an exported directory or a Hub id (weights only)."""
     path, hub_id = resolve(spec)
+    try:
+        json.loads((path / "config.json").read_text())
+    except ValueError as e:  # else an exported model with a damaged config.json reads as "not a training run"
+        raise ValueError(f"{path / 'config.json'}: not valid JSON ({e})") from None
+    except OSError:
+        pass  # no config.json: the loaders below say what is missing
     if is_pretrained_dir(path):
         model = _load_exported(path)
         return Loaded(model.to(device).eval(), model.seq_len, path, hub_id=hub_id)

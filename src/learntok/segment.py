@@ -71,9 +71,21 @@ class Segmenter:
                 for enc in self.tokenizer.encode_batch(data)]
 
 
+def _whole_word(core: bytes, before: bytes, after: bytes) -> bool:
+    """Whether `core` is whole UTF-8 characters, all letters or digits (any script), with no letter or digit as
+    the character just before it (the end of `before`) or just after it (the start of `after`)."""
+    try:
+        text = core.decode()
+    except UnicodeDecodeError:  # a piece that cuts a character is no word
+        return False
+    prev, nxt = before.decode("utf-8", "ignore")[-1:], after.decode("utf-8", "ignore")[:1]
+    return text.isalnum() and not prev.isalnum() and not nxt.isalnum()
+
+
 def vocab_stats(docs: list[bytes], spans_per_doc: list[list[Span]], top: int = 30) -> dict:
     """Most frequent segments, mean segment length in bytes, and the share of segments that are whole words:
-    letters/digits only (after an optional leading space), with no letter or digit just before or after."""
+    letters/digits of any script only (after an optional leading space), with no letter or digit just before or
+    after."""
     counts: Counter[str] = Counter()
     total_bytes, words, n = 0, 0, 0
     for data, spans in zip(docs, spans_per_doc):
@@ -82,9 +94,6 @@ def vocab_stats(docs: list[bytes], spans_per_doc: list[list[Span]], top: int = 3
             total_bytes += s.end - s.start
             n += 1
             start = s.start + (data[s.start:s.start + 1] == b" ")
-            core = data[start:s.end]
-            before = data[start - 1:start] if start > 0 else b""
-            after = data[s.end:s.end + 1]
-            words += bool(core) and core.isalnum() and not before.isalnum() and not after.isalnum()
+            words += _whole_word(data[start:s.end], data[max(0, start - 4):start], data[s.end:s.end + 4])
     return {"segments": n, "distinct": len(counts), "mean_bytes": total_bytes / max(n, 1),
             "whole_word_share": words / max(n, 1), "most_frequent": counts.most_common(top)}

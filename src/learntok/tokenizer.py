@@ -23,10 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from learntok.draw import EVAL_SEED, check_level, check_precision, draw_texts, evaluates_greedily
+from learntok.pretrained import TOKENIZER_SETTINGS as CONFIG_FILE
 from learntok.vocab import BOS, PAD
-
-CONFIG_FILE = "learntok_tokenizer.json"
-"""Tokenizer settings (greedy, seed, rate) saved beside an exported model by `save_pretrained`."""
 
 
 @dataclass
@@ -107,9 +105,11 @@ class LearnedTokenizer:
         """The model exported (learntok.save_pretrained: also a transformers directory) with these settings."""
         from learntok.pretrained import save_pretrained
 
-        out = save_pretrained(self.model, out_dir, seq_len=self.window)
+        seq_len = getattr(self.model, "seq_len", self.window)  # the model's; the window is a setting
+        out = save_pretrained(self.model, out_dir, seq_len=seq_len)
         settings = {"greedy": self.greedy, "seed": self.seed, **({"rate": self.rate} if self.rate is not None else {}),
-                    **({"level": self.level} if self.level != 1 else {})}
+                    **({"level": self.level} if self.level != 1 else {}),
+                    **({"window": self.window} if self.window != seq_len else {})}
         (out / CONFIG_FILE).write_text(json.dumps(settings, indent=2) + "\n")
         return out
 

@@ -31,6 +31,7 @@ and is the fast path). The BPE-token baseline (--arch token) has no byte tokeniz
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -134,7 +135,10 @@ class LearntokForCausalLM(PreTrainedModel, GenerationMixin):
         """Write the learntok export (which is also this transformers directory)."""
         from learntok.pretrained import save_pretrained
 
-        save_pretrained(self.model, save_directory, seq_len=int(self.config.seq_len))
+        out = save_pretrained(self.model, save_directory, seq_len=int(self.config.seq_len))
+        cfg = json.loads((out / "config.json").read_text())
+        cfg["boundary_seed"] = int(self.config.boundary_seed)  # the export writes the default (0)
+        (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
 
     def get_input_embeddings(self):
         return self.model.embed

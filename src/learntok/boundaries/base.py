@@ -256,6 +256,16 @@ class BoundaryStrategy(nn.Module):
         (e.g. the BPE tokenizer); `save_pretrained` copies them. Default: none."""
         return []
 
+    def artifact_sources(self, run_dir: Path) -> dict[str, Path]:
+        """Where each of `artifacts()` is read from when the model is exported from `run_dir` (default: the run
+        directory itself)."""
+        return {name: Path(run_dir) / name for name in self.artifacts()}
+
+    def exported_config(self, bcfg: dict) -> dict:
+        """The boundary section an exported model's config.json stores (default: `bcfg` unchanged; a strategy
+        whose files live outside the run points them at the exported copies)."""
+        return bcfg
+
     def annotate(self, doc: bytes) -> np.ndarray | None:
         """Per-byte prescribed boundary flags of one document (bool, len(doc)), computed once per document by
         the data pipeline and cached beside the bytes; they reach `propose` as `prescribed`. None (the

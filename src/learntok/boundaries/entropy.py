@@ -90,6 +90,16 @@ class EntropyBoundaries(BoundaryStrategy):
     def artifacts(self) -> list[str]:
         return ["entropy_model", THRESHOLD_FILE]
 
+    def artifact_sources(self, run_dir: Path) -> dict[str, Path]:
+        """An entropy model given with --entropy-model is exported from its own directory (the run has no copy)."""
+        sources = super().artifact_sources(run_dir)
+        if self.cfg.entropy_model:
+            sources["entropy_model"] = Path(self.cfg.entropy_model)
+        return sources
+
+    def exported_config(self, bcfg: dict) -> dict:
+        return {**bcfg, "entropy_model": ""}  # the export carries the model in entropy_model/ (same weights, theta)
+
     def prepare(self, train_docs: list[bytes], val_docs: list[bytes], run_dir: Path | None) -> None:
         """Load the entropy model (cfg.entropy_model, else run_dir/entropy_model, else train one quickly on
         train_docs and save it there), then fix theta: cfg.entropy_threshold if set, else the theta saved in

@@ -94,16 +94,18 @@ def cmd_generate(argv: list[str]) -> int:
     if a.rate is not None:
         ask_rate(model, a.rate)
     single = len(a.prompt) == 1
+    prompts = [p.encode("utf-8", "surrogateescape") for p in a.prompt]  # bytes that were not UTF-8 in argv, as given
     if single:
-        sys.stdout.write(a.prompt[0])
-    outs = generate(model, list(a.prompt), a.max_new_bytes, temperature=a.temperature, top_k=a.top_k, top_p=a.top_p,
-                    seed=a.seed, stop=[s.encode() for s in a.stop], use_cache=a.cache,
+        sys.stdout.write(prompts[0].decode("utf-8", errors="replace"))
+    outs = generate(model, prompts, a.max_new_bytes, temperature=a.temperature, top_k=a.top_k, top_p=a.top_p,
+                    seed=a.seed, stop=[s.encode("utf-8", "surrogateescape") for s in a.stop], use_cache=a.cache,
                     on_text=(lambda _b, text: (sys.stdout.write(text), sys.stdout.flush())) if single else None)
     if single:
         sys.stdout.write("\n")
     else:
-        for prompt, out in zip(a.prompt, outs):
-            print(json.dumps({"prompt": prompt, "output": out.decode("utf-8", errors="replace")}))
+        for prompt, out in zip(prompts, outs):
+            print(json.dumps({"prompt": prompt.decode("utf-8", errors="replace"),
+                              "output": out.decode("utf-8", errors="replace")}))
     return 0
 
 
