@@ -49,6 +49,16 @@ def test_cached_steps_equal_full_forward(strategy, tmp_path):
     assert_cached_steps_equal_full_forward(build_model(strategy, tmp_path, model_kw={"byte_window": 8}).eval())
 
 
+@pytest.mark.parametrize("strategy", STEP_STRATEGIES)
+def test_every_strategy_generates_cached_uncached_and_in_bf16(strategy, tmp_path):
+    """Uncached generation starts from BOS alone (hnet's router failed on one position) and gives the cached
+    bytes; bf16 weights generate too (hnet's fp32 EMA reached bf16 layers)."""
+    m = build_model(strategy, tmp_path).eval()
+    cached = generate(m, ["ab"], 6, temperature=0, seed=0)
+    assert generate(m, ["ab"], 6, temperature=0, seed=0, use_cache=False) == cached
+    assert len(generate(m.to(torch.bfloat16), ["ab"], 6, temperature=0, seed=0)[0]) <= 6
+
+
 def test_generate_batched_ragged_prompts_and_streaming(tmp_path):
     m = build_model("learned", tmp_path).eval()
     streamed: dict[int, str] = {0: "", 1: ""}

@@ -180,8 +180,12 @@ def test_asked_rate_moves_the_realised_rate_and_set_rate_checks_its_input(tmp_pa
                                   .mean()))
         assert realised[0] < realised[1] < realised[2]
         assert realised[0] == pytest.approx(0.1, abs=0.05) and realised[2] == pytest.approx(0.4, abs=0.07)
-        with pytest.raises(ValueError, match="in \\(0, 1\\)"):
-            m.set_rate(1.5)
+        for bad in (1.5, 1.0, 1 - 1e-9, 1e-50, float("nan")):  # 1 - 1e-9 is 1.0 in float32: NaN losses before
+            with pytest.raises(ValueError, match="in \\(0, 1\\)"):
+                m.set_rate(bad)
+    from learntok.evaluation.rates import SWEEP  # eval --rate-sweep's default asked every model for 1.0
+    m.set_rate(max(SWEEP))
+    m.set_rate(min(SWEEP))
     with pytest.raises(ValueError, match="no rate knob"):
         build_model("uniform", tmp_path).set_rate(0.3)
     with pytest.raises(ValueError, match="takes no target rates"):

@@ -69,6 +69,13 @@ def test_cute_examples_are_right_and_distractors_one_edit_away(task):
     assert len({ex.gold for ex in examples}) > 1  # the gold answer is not always in one place
 
 
+def test_every_example_gets_its_distractors():
+    """One-letter answers and answers of one repeated letter got fewer than three distractors (a failed swap
+    fell through to deletion only), so some examples had one choice and were right by construction."""
+    for task in ("delete", "swap", "substitute"):
+        assert all(len(ex.choices) == 4 for ex in cute_examples(task, ["all", "see", "too", "odd"] * 3, 12))
+
+
 def test_noise_edits_at_the_asked_rate():
     data = bytes(range(32, 127)) * 200
     assert add_noise(data, 0.0, random.Random(0)) == data
@@ -106,3 +113,16 @@ def test_eval_robustness_flag(tmp_path, text_corpus, capsys):
     rep = read_eval(tmp_path / "run" / "eval.json")
     assert set(rep["robustness"]["cute"]) == set(CUTE_TASKS) and rep["robustness"]["cute"]["spell"]["n"] == 3
     assert "character-level robustness" in capsys.readouterr().out
+    # without held-out BPB it still runs (it was skipped, "robustness": null); text with no English word is a
+    # one-line error, not a ZeroDivisionError
+    (tmp_path / "run" / "eval.json").unlink()
+    assert cmd_eval([str(tmp_path / "run"), "--tasks", "none", "--limit", "2", "--robustness", "--no-heldout",
+                     "--no-progress"]) == 0
+    rep = read_eval(tmp_path / "run" / "eval.json")
+    assert rep["robustness"]["cute"]["spell"]["n"] == 2 and rep["robustness"]["data"] and not rep.get("heldout")
+    (tmp_path / "cjk.txt").write_text("日本語のテキストを分割する。" * 200)
+    from learntok.cli import main
+
+    assert main(["eval", str(tmp_path / "run"), "--data", str(tmp_path / "cjk.txt"), "--tasks", "none", "--limit",
+                 "2", "--robustness", "--no-heldout", "--no-progress", "--out", str(tmp_path / "cjk.json")]) == 2
+    assert "no ASCII word" in capsys.readouterr().err

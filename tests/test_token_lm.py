@@ -94,6 +94,13 @@ def test_the_bpe_baseline_trains_resumes_and_evaluates(tmp_path, text_corpus):
     assert math.isfinite(first.val_bpb) and 0 < whole.val_rate < 1
     assert main(["eval", str(tmp_path / "run"), "--tasks", "none", "--no-progress", "--limit", "2"]) == 0
     assert main(["generate", str(tmp_path / "run"), "--prompt", "x"]) == 2  # tokens, not bytes
+    assert main(["show", str(tmp_path / "run"), "--text", "x y"]) == 2  # no boundaries to draw (was a traceback)
+    # export writes a card that says what the model is (it crashed drawing a boundary map) and loads again
+    assert main(["export", str(tmp_path / "run"), str(tmp_path / "exp")]) == 0
+    card = (tmp_path / "exp" / "README.md").read_text()
+    assert "BPE-tokenized transformer (vocabulary 400)" in card and "learntok generate" not in card
+    import learntok
+    assert learntok.from_pretrained(tmp_path / "exp").predicts_tokens
 
 
 def test_lambada_scores_the_bpe_baseline_by_bpb_only(tmp_path):

@@ -54,6 +54,9 @@ def check_precision(precision: str) -> str:
 def check_level(model, level: int) -> int:
     """`level` if the model has that boundary level (1: tokens over bytes; 2: a two-level model's super-tokens
     over tokens, `--inner-layers`), else a ValueError naming what it has."""
+    if getattr(model, "predicts_tokens", False):
+        raise ValueError("the BPE transformer (--arch token) draws no boundaries: its tokens are its BPE "
+                         "tokenizer's (bpe_tokenizer.json); show, segment and boundary maps are for byte-level models")
     have = getattr(model, "levels", 1)
     if level < 1:
         raise ValueError(f"boundary level {level}: levels count from 1 (tokens over bytes)")

@@ -139,7 +139,7 @@ class HNetChunking(BoundaryStrategy):
         q, k = qk[:, :-1, : h.shape[-1]], qk[:, 1:, h.shape[-1]:]  # (B,T-1,D) W_q h_{t-1}, W_k h_t
         cos = F.cosine_similarity(q, k, dim=-1, eps=1e-8)  # (B,T-1)
         p = ((1 - cos) / 2).clamp(0.0, 1.0)  # (B,T-1)
-        return torch.cat([torch.ones_like(p[:, :1]), p], 1)  # (B,T)
+        return torch.cat([p.new_ones(p.shape[0], 1), p], 1)  # (B,T); T = 1 too (p_0 alone)
 
     def propose(self, x, ids, *, noise, generator, prescribed=None):
         B, T, _ = x.shape
@@ -169,7 +169,10 @@ class HNetChunking(BoundaryStrategy):
         if self.cfg.pooling == "select":
             return super().step_token_output(y_t, a_t, p_t, last, state)
         gate = p_t.clamp(P_MIN, 1 - P_MIN)[:, None]  # (B,1)
-        return torch.where(a_t[:, None], gate * y_t.float() + (1 - gate) * last, last)
+        return torch.where(a_t[:, None], gate * y_t.float() + (1 - gate) * last, last)  # fp32, as ema_scan
+
+    def step_upsample(self, x_t: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+        return x_t + last.to(x_t.dtype)  # the fp32 EMA added in the encoder's dtype, as `upsample` adds it
 
     def upsample(self, y_tok: torch.Tensor, x: torch.Tensor, tokens: Tokens, out: BoundaryOutput) -> torch.Tensor:
         """Byte t gets X_t + STE(c_t) z_{c(t)}, z the EMA of token outputs (auto), or X_t + Y'_{c(t)} (select)."""

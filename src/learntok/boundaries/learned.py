@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
 import torch
 import torch.nn as nn
 
@@ -209,8 +210,8 @@ class LearnedBoundaries(BoundaryStrategy):
     # -- rates -----------------------------------------------------------------------------------------------
 
     def set_rate(self, rate: float | None) -> None:
-        if rate is not None and not 0 < rate < 1:
-            raise ValueError(f"rate must be in (0, 1), got {rate:g}")
+        if rate is not None and not 0 < np.float32(rate) < 1:  # float32: the rate tensors' (1 - 1e-9 is 1.0)
+            raise ValueError(f"rate must be in (0, 1) in float32, got {rate:g}")
         self.asked = rate
 
     def training_rates(self, seed, step, rows, total_rows, device):

@@ -57,7 +57,8 @@ class UniformRandomBoundaries(BoundaryStrategy):
     """Exactly K = round(T * pi_target) boundaries per sequence at uniformly random positions, redrawn every
     forward pass (the authors' code's `ExactRandomGater`, "Uniform random" in the paper's Figure 3): the top-K
     of per-byte uniforms with position 0 (and the last byte with --force-last) forced. Content-free, so causal
-    in content; with a fixed noise tensor, prefixes see identical boundaries."""
+    in content. The top-K depends on the row's length, so a prefix's boundaries are not the whole row's; cached
+    generation fixes the positions for the planned length instead (docs/baselines.md)."""
 
     config = UniformRandomConfig
     learns_by = "random"

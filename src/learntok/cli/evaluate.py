@@ -21,7 +21,7 @@ examples:
   learntok eval runs/tiny/step_000500 --split test --boundaries-mode greedy
   learntok eval runs/tiny --boundaries-mode average --samples 8 --tasks none
   learntok eval runs/any --rate 0.1 --tasks none        # asked for another rate (writes eval-rate0.1.json)
-  learntok eval runs/any --rate-sweep --tasks none --no-heldout   # BPB and realised rate at 45 asked rates"""
+  learntok eval runs/any --rate-sweep --tasks none --no-heldout   # BPB and realised rate at 44 asked rates"""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,7 +52,8 @@ class EvalArgs:
     """Also the authors' rate sweep: BPB and realised rate at each of --sweep-rates on the first --sweep-bytes
     held-out bytes."""
     sweep_rates: tuple[float, ...] = ()
-    """Asked rates of --rate-sweep (default: the authors' 45 points 0.95^i, i = 0..44)."""
+    """Asked rates of --rate-sweep (default: 0.95^i, i = 1..44: the authors' 45 points less rate 1.0, which a
+    policy cannot be asked)."""
     sweep_bytes: int = 65_536
     """Held-out bytes per point of --rate-sweep."""
     boundaries_mode: Literal["sample", "greedy", "average"] = "sample"

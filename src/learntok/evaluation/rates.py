@@ -23,8 +23,9 @@ from learntok.boundaries.rates import Calibration, Rates
 from learntok.evaluation.bpb import BoundaryMode, evaluating, heldout_bpb, text_noise
 from learntok.evaluation.stats import BoundaryStats
 
-SWEEP = tuple(0.95**i for i in range(45))
-"""The authors' sweep of asked rates: 0.95^i, i = 0..44 (1.0 down to 0.104)."""
+SWEEP = tuple(0.95**i for i in range(1, 45))
+"""The authors' sweep of asked rates, 0.95^i for i = 0..44, without its first point: 0.95 down to 0.104. Rate 1.0
+(i = 0) cannot be asked of a Bernoulli policy (its logit is infinite; `set_rate` refuses it)."""
 PAPER_MODE = BoundaryMode()
 """One boundary sample per text with the evaluation seed (the paper's protocol)."""
 OFFSET_BOUND = 12.0
@@ -140,8 +141,8 @@ def asking(model, rate: float | None, calibration: bool = True):
 
 def rate_sweep(model, seqs, rates: Sequence[float], bm: BoundaryMode = PAPER_MODE, *, max_bytes: int = 65_536,
                batch_size: int = 16, progress: bool = False, log: Callable[[str], None] | None = None) -> dict:
-    """Bits per byte and realised rate at every asked rate (the authors' protocol: their 45 points are SWEEP),
-    with the model's calibration table if it has one; also the realised rate without it."""
+    """Bits per byte and realised rate at every asked rate (the authors' protocol; SWEEP is their 45 points less
+    rate 1.0), with the model's calibration table if it has one; also the realised rate without it."""
     _check(model)
     encoded = EncodedText(model, seqs, bm, max_bytes, batch_size)
     calibrated = getattr(model.boundary, "calibration", None) is not None

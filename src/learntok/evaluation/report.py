@@ -148,6 +148,8 @@ def evaluate_model(cfg, model, opts: EvalConfig, log: Callable[[str], None] = pr
                                 "seconds": time.perf_counter() - t}
         if on_part is not None:
             on_part(report)
+    if opts.robustness and not opts.heldout:  # with held-out BPB it reads the same documents, loaded once there
+        _robustness(report, model, cfg, opts, bm, *heldout_documents(cfg, opts.data, opts.split), log)
     if opts.heldout:
         t = time.perf_counter()
         desc, docs = heldout_documents(cfg, opts.data, opts.split)
@@ -160,10 +162,7 @@ def evaluate_model(cfg, model, opts: EvalConfig, log: Callable[[str], None] = pr
         if not getattr(model, "predicts_tokens", False):
             report["stability"] = stability(model, docs, dc.seq_len - 1)
         if opts.robustness:
-            n = opts.limit or 200
-            report["robustness"] = robustness(model, docs, dc.seq_len, bm, n=n, batch_size=opts.batch_size)
-            log(f"robustness: {len(report['robustness']['cute'])} CUTE-style tasks, noised text at "
-                f"{len(report['robustness']['noise']['rates'])} rates")
+            _robustness(report, model, cfg, opts, bm, desc, docs, log)
         del docs
         max_bytes = opts.max_bytes if not opts.limit else min(opts.max_bytes or 1 << 62, opts.limit * dc.seq_len)
         stats = BoundaryStats()
@@ -183,6 +182,14 @@ def evaluate_model(cfg, model, opts: EvalConfig, log: Callable[[str], None] = pr
     report["seconds"] = time.perf_counter() - t0
     report["threads"] = torch.get_num_threads()
     return report
+
+
+def _robustness(report: dict, model, cfg, opts: EvalConfig, bm: BoundaryMode, desc: str, docs, log) -> None:
+    """--robustness on the held-out documents `docs` (described by `desc`, kept in the report)."""
+    report["robustness"] = {"data": desc, **robustness(model, docs, cfg.data.seq_len, bm, n=opts.limit or 200,
+                                                       batch_size=opts.batch_size)}
+    log(f"robustness: {len(report['robustness']['cute'])} CUTE-style tasks, noised text at "
+        f"{len(report['robustness']['noise']['rates'])} rates")
 
 
 def _clean(x):

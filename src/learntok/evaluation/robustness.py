@@ -49,11 +49,11 @@ def _edits(answer: str, rng: random.Random, k: int = 3) -> list[str]:
     """k distinct answers one character edit away from `answer` (swap neighbours, replace, delete)."""
     out: list[str] = []
     letters = [i for i, c in enumerate(answer) if c != " "]
-    for _ in range(100):
+    for attempt in range(100):
         if len(out) == k:
             break
         i = rng.choice(letters)
-        kind = len(out) % 3
+        kind = attempt % 3  # by attempt, not by success: a kind that cannot apply (a swap of "oo") is not retried
         if kind == 0 and len(letters) > 1:
             j = letters[min(letters.index(i) + 1, len(letters) - 1)] if i != letters[-1] else letters[-2]
             a, b = sorted((i, j))
@@ -131,6 +131,9 @@ def robustness(model, docs, window: int, bm, *, n: int = 200, tasks=CUTE_TASKS, 
     from learntok.evaluation.bpb import heldout_bpb
 
     vocab = words(docs, seed=seed)
+    if not vocab and tasks:
+        raise ValueError("--robustness: the held-out text has no ASCII word of 3 to 10 letters to build the "
+                         "CUTE-style tasks from (they spell English words); give English text with --data")
     cute = {}
     for task in tasks:
         res = score_task(model, task, cute_examples(task, vocab, n, seed), window, bm, batch_size=batch_size,

@@ -392,7 +392,9 @@ class ByteLM(nn.Module):
     @torch.no_grad()
     def step(self, ids_t: torch.Tensor, state: GenerationState) -> tuple[torch.Tensor, torch.Tensor]:
         """ids_t (B,) the bytes at position state.pos -> (next-byte logits (B,V), boundary a_t (B,) bool).
-        Equals `forward` on the whole prefix with the same boundary noise (tests/test_generate.py)."""
+        Equals `forward` on the whole prefix with the same boundary noise (tests/test_generate.py), except under
+        --force-last: `forward` forces a boundary at a prefix's last byte, a step does not (it cannot know that no
+        byte follows), so cached and uncached generation of such a model differ."""
         t, W, B = state.pos, self.cfg.byte_window, ids_t.shape[0]
         rope = self._rope(torch.tensor([t], device=ids_t.device))
         slot = torch.full((B,), t % W, dtype=torch.long, device=ids_t.device)
