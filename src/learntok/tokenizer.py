@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from learntok.draw import EVAL_SEED, check_level, check_precision, draw_texts, evaluates_greedily
-from learntok.pretrained import TOKENIZER_SETTINGS as CONFIG_FILE
 from learntok.vocab import BOS, PAD
 
 
@@ -94,23 +93,23 @@ class LearnedTokenizer:
         faster on the project's CPU, a few decisions near p = 0.5 can differ; rate= a boundary rate to ask a
         learned policy for, calibrated when the model has a calibration table; level=2: a two-level model's
         super-tokens)."""
-        from learntok.pretrained import load
+        from learntok.pretrained import TOKENIZER_SETTINGS, load
 
         loaded = load(name_or_path, device)
-        saved = loaded.path / CONFIG_FILE
+        saved = loaded.path / TOKENIZER_SETTINGS
         settings = json.loads(saved.read_text()) if saved.exists() else {}
         return cls(loaded.model, **{**settings, **kw})
 
     def save_pretrained(self, out_dir: str | Path) -> Path:
         """The model exported (learntok.save_pretrained: also a transformers directory) with these settings."""
-        from learntok.pretrained import save_pretrained
+        from learntok.pretrained import TOKENIZER_SETTINGS, save_pretrained
 
         seq_len = getattr(self.model, "seq_len", self.window)  # the model's; the window is a setting
         out = save_pretrained(self.model, out_dir, seq_len=seq_len)
         settings = {"greedy": self.greedy, "seed": self.seed, **({"rate": self.rate} if self.rate is not None else {}),
                     **({"level": self.level} if self.level != 1 else {}),
                     **({"window": self.window} if self.window != seq_len else {})}
-        (out / CONFIG_FILE).write_text(json.dumps(settings, indent=2) + "\n")
+        (out / TOKENIZER_SETTINGS).write_text(json.dumps(settings, indent=2) + "\n")
         return out
 
     def pre_tokenizer(self):
