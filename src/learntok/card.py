@@ -58,39 +58,33 @@ def model_card(model, seq_len: int, run_dir: str | Path | None = None, image: st
     facts = _run_facts(Path(run_dir) if run_dir else None)
     mc, bc = model.cfg, model.bcfg
     tokens = getattr(model, "predicts_tokens", False)  # the BPE transformer: no boundaries to draw, no generation
-    data = CARD_SAMPLE.encode()
-    mask = None if tokens else (bmap if bmap is not None else sample_map(model, seq_len)).mask
-    starts = [i for i in range(len(data)) if i == 0 or mask[i]] + [len(data)] if mask is not None else []
-    spans = [data[a:b].decode("utf-8", errors="replace") for a, b in zip(starts, starts[1:])]
-    n_bytes = len(data)
     params = sum(p.numel() for p in model.parameters())
-    head = ["---", "library_name: learntok", "tags:", "- byte-level", "- learned-tokenization", "- learntok", "---", ""]
-    load = ["## Use", "", "```python", "import learntok", "", f'model = learntok.from_pretrained("{repo_id}")']
+    library = f"[learntok](https://pypi.org/project/learntok/) {__version__} (arXiv 2602.13940)"
     if tokens:
-        lines = [*head, f"# learntok BPE-tokenized transformer (vocabulary {bc.bpe_vocab_size:,})", "",
-                 "A transformer over BPE tokens (its tokenizer: bpe_tokenizer.json), the baseline that learned "
-                 f"tokenization is compared with; trained with [learntok](https://pypi.org/project/learntok/) "
-                 f"{__version__} (arXiv 2602.13940). It predicts tokens, so it is scored in bits per byte and "
-                 "does not generate bytes.", "", *load, "```", "",
-                 f"or `learntok eval {repo_id} --data FILE` (bits per byte).", "",
-                 "## Model", "", "| setting | value |", "|---|---|",
-                 f"| parameters | {params / 1e6:.2f} M |", f"| width, heads | {mc.d_model}, {mc.n_heads} |",
-                 f"| layers | {mc.n_mid} |", f"| sequence length | {seq_len} bytes |"]
+        title = f"learntok BPE-tokenized transformer (vocabulary {bc.bpe_vocab_size:,})"
+        about = ("A transformer over BPE tokens (its tokenizer: bpe_tokenizer.json), the baseline that learned "
+                 f"tokenization is compared with; trained with {library}. It predicts tokens, so it is scored in bits "
+                 "per byte and does not generate bytes.")
+        use = ["```", "", f"or `learntok eval {repo_id} --data FILE` (bits per byte)."]
+        shape = [f"| layers | {mc.n_mid} |"]
     else:
-        lines = [*head, f"# learntok byte-level model ({bc.boundaries} boundaries)", "",
-                 "A byte-level language model whose tokenization is part of the model: an autoregressive U-Net (byte "
-                 "encoder, token boundaries, token-level transformer, byte decoder) trained with "
-                 f"[learntok](https://pypi.org/project/learntok/) {__version__} (arXiv 2602.13940).", "", *load,
-                 'print(learntok.generate(model, ["The river"], max_new_bytes=80)[0].decode(errors="replace"))',
-                 "```", "",
-                 f"or `learntok generate {repo_id} --prompt \"The river\"`, `learntok segment {repo_id} --text ...`.",
-                 "", "## Model", "", "| setting | value |", "|---|---|",
-                 f"| parameters | {params / 1e6:.2f} M |", f"| width, heads | {mc.d_model}, {mc.n_heads} |",
-                 f"| layers (byte encoder / token / byte decoder) | {mc.n_down} / {mc.n_mid} / {mc.n_up} |",
-                 f"| byte attention window | {mc.byte_window} |", f"| sequence length | {seq_len} bytes |",
-                 f"| boundary strategy | `{bc.boundaries}` |"]
-    if hasattr(bc, "target_rate") and not tokens:
-        lines.append(f"| target boundary rate | {bc.target_rate:.3f} |")
+        title = f"learntok byte-level model ({bc.boundaries} boundaries)"
+        about = ("A byte-level language model whose tokenization is part of the model: an autoregressive U-Net (byte "
+                 f"encoder, token boundaries, token-level transformer, byte decoder) trained with {library}.")
+        use = ['print(learntok.generate(model, ["The river"], max_new_bytes=80)[0].decode(errors="replace"))', "```",
+               "", f"or `learntok generate {repo_id} --prompt \"The river\"`, `learntok segment {repo_id} --text ...`."]
+        shape = [f"| layers (byte encoder / token / byte decoder) | {mc.n_down} / {mc.n_mid} / {mc.n_up} |",
+                 f"| byte attention window | {mc.byte_window} |"]
+    lines = ["---", "library_name: learntok", "tags:", "- byte-level", "- learned-tokenization", "- learntok", "---",
+             "", f"# {title}", "", about, "",
+             "## Use", "", "```python", "import learntok", "", f'model = learntok.from_pretrained("{repo_id}")', *use,
+             "", "## Model", "", "| setting | value |", "|---|---|",
+             f"| parameters | {params / 1e6:.2f} M |", f"| width, heads | {mc.d_model}, {mc.n_heads} |", *shape,
+             f"| sequence length | {seq_len} bytes |"]
+    if not tokens:
+        lines.append(f"| boundary strategy | `{bc.boundaries}` |")
+        if hasattr(bc, "target_rate"):
+            lines.append(f"| target boundary rate | {bc.target_rate:.3f} |")
     if getattr(bc, "rate_range", None):
         lines.append(f"| trained for any rate in | {bc.rate_range[0]:g} to {bc.rate_range[1]:g} (ask with `--rate R`, "
                      "`model.set_rate(R)`) |")
@@ -122,6 +116,11 @@ def model_card(model, seq_len: int, run_dir: str | Path | None = None, image: st
         lines.append("Not recorded.")
     if tokens:
         return "\n".join(lines) + "\n"
+    data = CARD_SAMPLE.encode()
+    mask = (bmap if bmap is not None else sample_map(model, seq_len)).mask
+    starts = [i for i in range(len(data)) if i == 0 or mask[i]] + [len(data)]  # as `learntok segment` draws them
+    spans = [data[a:b].decode("utf-8", errors="replace") for a, b in zip(starts, starts[1:])]
+    n_bytes = len(data)
     lines += ["", "## Boundaries", "",
               f"On the sample below the model draws {len(spans)} segments over {n_bytes} bytes (rate "
               f"{len(spans) / n_bytes:.3f}, {n_bytes / max(len(spans), 1):.2f} bytes per segment); a `|` starts "
