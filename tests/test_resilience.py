@@ -105,6 +105,36 @@ def test_sigusr1_stops_after_the_current_step(tmp_path, text_corpus, monkeypatch
     assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL  # the handler is removed afterwards
 
 
+def test_sigterm_during_the_final_evaluation_lets_it_finish(tmp_path, text_corpus, monkeypatch):
+    class Killed(Exception):
+        pass
+
+    def outside(*_):  # the handler in force whenever the run's own is not: the signal would have killed it
+        raise Killed
+
+    real, calls = loop.validate, []
+
+    def validate(*a, **k):
+        calls.append(1)
+        if len(calls) == 2:  # the final evaluation (the first is periodic, at step 2)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(*a, **k)
+
+    monkeypatch.setattr(loop, "validate", validate)
+    previous = signal.signal(signal.SIGTERM, outside)
+    try:
+        notes = []
+        res = train(tiny_train_config(tmp_path / "r", text_corpus, max_steps=4, eval_every=2),
+                    log=notes.append)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert len(calls) == 2 and res.stopped == "" and res.steps == 4
+    assert res.val_bpb == res.val_bpb  # finite: the evaluation finished
+    assert any("SIGTERM arrived during the final" in n for n in notes)
+    assert _rows(tmp_path / "r")[-1]["step"] == 4 and "val/bpb" in _rows(tmp_path / "r")[-1]
+    assert (tmp_path / "r" / "latest").read_text().strip() == "step_000004"
+
+
 # -- metrics after a resume -----------------------------------------------------------------------------------
 
 

@@ -129,7 +129,8 @@ def train(cfg: TrainConfig, *, log=print, on_eval: EvalHook | None = None,
     "on_log"): early stopping, custom logging.
 
     SIGTERM / SIGUSR1 stop the run after the current step with a checkpoint (`RunResult.stopped` names the
-    signal; no final evaluation); Ctrl-C saves one and re-raises. A step with a non-finite loss or gradient norm
+    signal; no final evaluation); one that arrives during the final checkpoint or evaluation lets them finish.
+    Ctrl-C saves one and re-raises. A step with a non-finite loss or gradient norm
     is skipped; `max_bad_steps` of them in a row save a checkpoint and raise TrainingError."""
     check_config(cfg)
     if cfg.threads > 0:
@@ -303,11 +304,13 @@ def train(cfg: TrainConfig, *, log=print, on_eval: EvalHook | None = None,
                         evaluate(final=False)
                     if cfg.ckpt_every and state.step % cfg.ckpt_every == 0:
                         save()
-        seconds = state.elapsed = clock.elapsed()
-        if not stopped:
-            save()
-            # a budget reached right after a periodic evaluation: that one is the final one (no second line)
-            ev = last_eval[1] if last_eval[0] == state.step else evaluate(final=True)
+            seconds = state.elapsed = clock.elapsed()
+            if not stopped:  # still under StopRequest: a stop signal now lets the last save and evaluation finish
+                save()
+                # a budget reached right after a periodic evaluation: that one is the final one (no second line)
+                ev = last_eval[1] if last_eval[0] == state.step else evaluate(final=True)
+                if stop.requested:
+                    sinks.note(f"{stop.signal} arrived during the final checkpoint or evaluation; both finished")
     except KeyboardInterrupt:
         log(f"interrupted at step {state.step}; saving a checkpoint (resume with: learntok train --resume {out})")
         if not sharded:  # gathering shards is collective, and the other ranks may be gone
