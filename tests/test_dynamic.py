@@ -251,3 +251,22 @@ def test_training_moves_rate_toward_target(tmp_path):
     _, up = _train_rate(tmp_path, 0.9)
     assert abs(before - 0.6) < 0.05
     assert abs(down - 0.2) < abs(before - 0.2) / 2 and abs(up - 0.9) < abs(before - 0.9) / 2, (before, down, up)
+
+
+def test_running_mean_matches_mean_pool_in_bf16_past_256_bytes():
+    """Generation's running group mean (RunningMean) equals the full pass's mean_pool with bf16 states and a
+    group longer than 256 bytes, where a bf16 count would stop growing (256 + 1 = 256 in bf16)."""
+    from learntok.boundaries.pooling import RunningMean
+
+    B, T, D = 2, 600, 4
+    x = (torch.randn(B, T, D, generator=torch.Generator().manual_seed(3)) + 1).bfloat16()
+    mask = torch.zeros(B, T, dtype=torch.bool)
+    mask[:, 0] = mask[:, -1] = True  # one group of 599 bytes
+    mask[1, 300] = True
+    full = mean_pool(x, mask, mask.float())
+    run = RunningMean()
+    outs = [run.update(x[:, t], mask[:, t]) for t in range(T)]
+    assert outs[-1].dtype == torch.bfloat16
+    for b in range(B):
+        for j, t in enumerate(mask[b].nonzero().squeeze(1).tolist()):  # the mean at each boundary is token j
+            torch.testing.assert_close(outs[t][b], full.x[b, j], rtol=1e-2, atol=1e-2)  # bf16 rounding

@@ -80,15 +80,17 @@ class RunningMean:
     after the previous boundary up to it), reset after every boundary."""
 
     total: torch.Tensor | None = None
-    """(B,D) sum of the open group's states (None before the first byte)."""
+    """(B,D) fp32 sum of the open group's states (None before the first byte)."""
     n: torch.Tensor | None = None
-    """(B,1) bytes in the open group."""
+    """(B,1) fp32 bytes in the open group."""
 
     def update(self, x_t: torch.Tensor, a_t: torch.Tensor) -> torch.Tensor:
-        """Add byte state x_t (B,D); return the group mean (B,D); close the group where a_t (B,) is True."""
-        self.total = x_t if self.total is None else self.total + x_t
-        self.n = (0 if self.n is None else self.n) + torch.ones_like(x_t[:, :1])
+        """Add byte state x_t (B,D); return the group mean (B,D, x_t's dtype); close the group where a_t (B,) is
+        True. Sums and counts are fp32, as `mean_pool`'s (a bf16 count stops at 256)."""
+        x = x_t.float()
+        self.total = x if self.total is None else self.total + x
+        self.n = (0 if self.n is None else self.n) + torch.ones_like(x[:, :1])
         mean = self.total / self.n  # (B,D)
         self.total = torch.where(a_t[:, None], torch.zeros_like(mean), self.total)
         self.n = torch.where(a_t[:, None], torch.zeros_like(self.n), self.n)
-        return mean
+        return mean.to(x_t.dtype)
