@@ -53,7 +53,11 @@ def fake_hub(tmp_path, monkeypatch):
         (repo / "refs" / "main").write_text(COMMIT)
         return f"https://huggingface.co/{repo_id}/commit/{COMMIT}"
 
+    def create_branch(self, repo_id, *, branch, **kw):
+        calls.append(("create_branch", repo_id, branch, kw))
+
     monkeypatch.setattr(hub.HfApi, "create_repo", create_repo)
+    monkeypatch.setattr(hub.HfApi, "create_branch", create_branch)
     monkeypatch.setattr(hub.HfApi, "upload_folder", upload_folder)
     monkeypatch.setattr(hub.constants, "HF_HUB_CACHE", str(cache))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -94,6 +98,18 @@ def test_push_from_python_with_a_model_object(run, fake_hub):
     url = push_to_hub(model, "someone/obj")
     assert url.endswith(COMMIT) and "model.safetensors" in fake_hub[-1][2]
     torch.testing.assert_close(_logits(learntok.from_pretrained("someone/obj")), _logits(model), rtol=0, atol=0)
+
+
+def test_push_to_a_new_branch_creates_it_first(run, fake_hub, monkeypatch):
+    from learntok.hub import push_to_hub
+
+    seen = {}
+    real = hub.HfApi.upload_folder
+    monkeypatch.setattr(hub.HfApi, "upload_folder", lambda self, **kw: seen.update(kw) or real(self, **kw))
+    push_to_hub(run[0], "someone/branchy", revision="exp-1")
+    assert [c[0] for c in fake_hub] == ["create_repo", "create_branch", "upload_folder"]
+    assert fake_hub[1][1:3] == ("someone/branchy", "exp-1") and fake_hub[1][3]["exist_ok"] is True
+    assert seen["revision"] == "exp-1"
 
 
 def test_every_command_reads_every_kind_of_source(run, fake_hub, tmp_path, capsys):

@@ -24,7 +24,8 @@ def push_to_hub(source, repo_id: str, *, private: bool = False, token: str | Non
                 commit_message: str | None = None, revision: str | None = None) -> str:
     """Upload a model to the Hub as `repo_id` (created if needed); returns the commit's URL. `source` is a ByteLM
     with a `seq_len` attribute, or anything `learntok.pretrained.load` reads (run, checkpoint, exported directory
-    or Hub id). The uploaded folder always has a model card."""
+    or Hub id). The uploaded folder always has a model card. `revision`: the branch to push to, created from
+    main if it does not exist (default: main)."""
     hub = hub_package()
     with tempfile.TemporaryDirectory(prefix="learntok-push-") as tmp:
         if isinstance(source, (str, Path)):
@@ -37,6 +38,8 @@ def push_to_hub(source, repo_id: str, *, private: bool = False, token: str | Non
         api = hub.HfApi(token=token, library_name="learntok", library_version=__version__)
         try:
             api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+            if revision is not None:  # a new branch starts from main (upload_folder refuses a missing one)
+                api.create_branch(repo_id, branch=revision, repo_type="model", exist_ok=True)
             info = api.upload_folder(folder_path=tmp, repo_id=repo_id, repo_type="model", revision=revision,
                                      commit_message=commit_message or f"Upload learntok model ({__version__})",
                                      delete_patterns=strategy_file_patterns())

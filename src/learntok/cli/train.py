@@ -273,7 +273,7 @@ class PushArgs:
     message: str | None = None
     """Commit message."""
     revision: str | None = None
-    """Branch to push to (default: main)."""
+    """Branch to push to, created from main if it does not exist (default: main)."""
 
 
 def cmd_push(argv: list[str]) -> int:
