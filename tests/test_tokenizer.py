@@ -70,6 +70,20 @@ def test_batch_call_pads_truncates_and_equals_one_by_one(tok):
         tok(texts, truncation=True, max_length=0, add_special_tokens=True)
 
 
+def test_bos_is_a_token_of_its_own(tok):
+    """With add_special_tokens every per-token field has BOS's entry, so the per-byte and per-token views agree."""
+    texts = TEXTS[:3]
+    for pad in (False, True):
+        b = tok(texts, add_special_tokens=True, padding=pad, return_offsets_mapping=True)
+        plain = tok(texts, padding=pad, return_offsets_mapping=True)
+        for r in range(len(texts)):
+            assert sum(b["token_mask"][r]) == sum(b["boundary_mask"][r]) == sum(plain["token_mask"][r]) + 1
+            assert sum(b["token_lengths"][r]) == sum(b["attention_mask"][r])
+            assert b["token_lengths"][r][0] == 1 and tuple(b["token_offsets"][r][0]) == (0, 0)
+            assert b["token_offsets"][r][1:sum(plain["token_mask"][r]) + 1] == \
+                plain["token_offsets"][r][:sum(plain["token_mask"][r])]
+
+
 def test_save_and_load_keep_the_settings(tmp_path):
     model = build_model("learned")
     greedy = LearnedTokenizer(model, greedy=True, seed=7)

@@ -189,7 +189,9 @@ class LearnedTokenizer:
                  return_tensors: str | None = None, return_offsets_mapping: bool = False) -> dict:
         """A batch as Hugging Face tokenizers return one, over bytes: input_ids (bytes; BOS first with
         add_special_tokens), attention_mask, boundary_mask (1 where a token starts) per byte; token_offsets
-        (character offsets) with return_offsets_mapping, token_lengths (bytes) and token_mask per token.
+        (character offsets) with return_offsets_mapping, token_lengths (ids) and token_mask per token. BOS is a
+        token of its own (length 1, offsets (0, 0)), so a row's token_mask sums to its boundary_mask and its
+        token_lengths to its attention_mask.
         padding: False, True / "longest", or "max_length" (PAD, id 258, on the right); truncation cuts each text
         to max_length ids (bytes) before segmenting. return_tensors: None (lists), "pt" or "np"."""
         single = isinstance(text, (str, bytes))
@@ -204,18 +206,18 @@ class LearnedTokenizer:
         if truncation:
             texts = [_truncate(t, max_length - int(add_special_tokens)) for t in texts]
         encs = self.encode_batch(texts)
-        lead = [BOS] if add_special_tokens else []
+        lead = [BOS] if add_special_tokens else []  # BOS is a token of its own, as in the model (a_0 = 1)
         rows = {"input_ids": [lead + e.ids for e in encs],
                 "boundary_mask": [[1] * len(lead) + [int(f) for f in e.boundaries] for e in encs],
-                "token_lengths": [e.token_lengths for e in encs]}
-        if return_offsets_mapping:
-            rows["token_offsets"] = [e.offsets for e in encs]
+                "token_lengths": [[1] * len(lead) + e.token_lengths for e in encs]}
+        if return_offsets_mapping:  # BOS covers no text: (0, 0), as Hugging Face gives special tokens
+            rows["token_offsets"] = [[(0, 0)] * len(lead) + e.offsets for e in encs]
         rows["attention_mask"] = [[1] * len(r) for r in rows["input_ids"]]
-        rows["token_mask"] = [[1] * len(e) for e in encs]
+        rows["token_mask"] = [[1] * len(r) for r in rows["token_lengths"]]
         if padding not in (False, "do_not_pad") or return_tensors is not None:
             n = max_length if padding == "max_length" else max((len(r) for r in rows["input_ids"]), default=0)
             n = max(n, max((len(r) for r in rows["input_ids"]), default=0))
-            m = max((len(e) for e in encs), default=0)
+            m = max((len(r) for r in rows["token_lengths"]), default=0)
             if padding == "max_length":
                 m = max(m, n)
             fill = {"input_ids": (PAD, n), "boundary_mask": (0, n), "attention_mask": (0, n),
