@@ -183,6 +183,19 @@ def test_train_valid_directory(tmp_path: Path) -> None:
     assert "train 2 docs / 6 B, val 1 docs / 3 B" in describe(train, val)
 
 
+def test_evaluation_reads_a_split_as_training_did(tmp_path: Path) -> None:
+    """An empty file among the valid* entries is skipped by training; `load_split` (eval, diagnose) must skip it
+    too, not fail on it."""
+    from learntok.data.splits import load_split
+
+    (tmp_path / "train.txt").write_text("training text")
+    (tmp_path / "valid.txt").write_text("validation text")
+    (tmp_path / "valid_extra.txt").write_text("")
+    cfg = DataConfig(source=str(tmp_path))
+    assert load_splits(cfg)[1] == [b"validation text"]
+    assert load_split(cfg, "val")[1] == [b"validation text"]
+
+
 def test_packing() -> None:
     docs = [b"abcde", b"fg", b"hijklmn"]
     seqs = ByteSequences(docs, seq_len=4, pack=True)
@@ -246,8 +259,13 @@ def test_hf_local_dataset(tmp_path: Path) -> None:
                           "validation": datasets.Dataset.from_dict({"text": ["v"]})}).save_to_disk(tmp_path / "ds")
     assert _texts(f"hf:{tmp_path / 'ds'}") == DOCS
     assert [k for k, _ in iter_documents(f"hf:{tmp_path / 'ds'}:validation")] == [f"hf:{tmp_path / 'ds'}:0"]
-    with pytest.raises(DataError, match="cannot load"):
+    with pytest.raises(DataError, match="no split 'nosuchsplit' .it has train, validation"):
         list(iter_documents(f"hf:{tmp_path / 'ds'}:nosuchsplit"))
+    # a saved Dataset without splits: a named split other than its own is an error, not its rows read as that split
+    datasets.Dataset.from_dict({"text": DOCS}).save_to_disk(tmp_path / "one")
+    assert _texts(f"hf:{tmp_path / 'one'}") == _texts(f"hf:{tmp_path / 'one'}:train") == DOCS
+    with pytest.raises(DataError, match="has no splits .*without :validation"):
+        list(iter_documents(f"hf:{tmp_path / 'one'}:validation"))
     # the DatasetDict's own validation split is the run's (it used to be ignored for a hash hold-out of train)
     from learntok.data.sources import split_documents
 

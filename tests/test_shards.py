@@ -3,8 +3,10 @@ mapped; every kind of damage or misuse is a one-line error naming the file and t
 
 from __future__ import annotations
 
+import gc
 import json
 import lzma
+import warnings
 from dataclasses import replace
 from pathlib import Path
 
@@ -106,6 +108,16 @@ def test_damaged_or_misused_corpora_are_one_line_errors(source, tmp_path):
     (out / "manifest.json").write_text(json.dumps({**manifest, "version": 99}))
     with pytest.raises(DataError, match="version 99 .*--overwrite"):
         Prepared.open(out)
+    for bad, what in (([], "not a prepared corpus's manifest"), ({**manifest, "splits": None}, "not a prepared"),
+                      ({k: v for k, v in manifest.items() if k != "splits"}, "lists no splits")):
+        (out / "manifest.json").write_text(json.dumps(bad))
+        with pytest.raises(DataError, match=what):
+            Prepared.open(out)
+    shards = manifest["splits"]["train"]["shards"]
+    (out / "manifest.json").write_text(json.dumps(
+        {**manifest, "splits": {**manifest["splits"], "train": {"shards": [{"data": shards[0]["data"]}]}}}))
+    with pytest.raises(DataError, match="the train split's entry is damaged"):
+        Prepared.open(out).split("train")
     with pytest.raises(DataError, match="exists and is not empty .*--overwrite"):
         prepare(DataConfig(source=str(source)), out, progress=False, log=_quiet)
     prepare(DataConfig(source=str(source)), out, overwrite=True, progress=False, log=_quiet)
@@ -120,6 +132,14 @@ def test_an_interrupted_prepare_leaves_nothing_that_looks_finished(source, tmp_p
     with pytest.raises(DataError, match=r"train\.jsonl:51: line is not valid JSON"):
         prepare(DataConfig(source=str(bad)), tmp_path / "p", progress=False, log=_quiet)
     assert not (tmp_path / "p").exists() and not list(tmp_path.glob(".p.partial-*"))
+    with warnings.catch_warnings(record=True) as seen:  # the open shard file was closed, not left to the GC
+        warnings.simplefilter("always", ResourceWarning)
+        try:
+            prepare(DataConfig(source=str(bad)), tmp_path / "p", progress=False, log=_quiet)
+        except DataError:
+            pass
+        gc.collect()
+    assert not [w for w in seen if issubclass(w.category, ResourceWarning)]
     (tmp_path / ".p.partial-1").mkdir()  # a prepare killed with SIGKILL leaves this behind
     prepare(DataConfig(source=str(source)), tmp_path / "p", progress=False, log=_quiet)
     assert not list(tmp_path.glob(".p.partial-*"))

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+import torch
 
 from learntok.config import DataConfig
 from learntok.data import ByteSequences, DataError
@@ -36,7 +37,8 @@ def _take(batches, n):
 
 @pytest.mark.parametrize("pack", [True, False])
 def test_stream_windows_are_the_documents_windows_in_order(spec, pack):
-    docs = [r.encode() for r in _rows(120)]
+    docs = [r.encode() for r in _rows(120) if r]  # empty rows are skipped, as a prepared corpus skips them
+    assert len(docs) < 120
     seqs = ByteSequences(docs, 32, pack, annotate=lambda d: np.frombuffer(d, np.uint8) % 7 == 0)
     stream = DocumentStream(spec, "text", shuffle_buffer=0)
     batches = StreamBatches(stream, 32, 4, pack, annotate=lambda d: np.frombuffer(d, np.uint8) % 7 == 0)
@@ -108,3 +110,78 @@ def test_no_document_long_enough_is_an_error_not_an_endless_loop(spec):
     batches = StreamBatches(DocumentStream(spec, "text", shuffle_buffer=0), 100_000, 2, pack=False)
     with pytest.raises(DataError, match="no documents of at least 100000 bytes"):
         batches.next_with_flags()
+
+
+class _Rows:
+    """A DocumentStream stand-in over fixed rows."""
+
+    spec = "hf:rows"
+
+    def __init__(self, rows: list[bytes]):
+        self.rows = rows
+
+    def documents(self, epoch: int = 0, skip: int = 0):
+        return iter(self.rows[skip:])
+
+
+def test_empty_rows_are_positions_without_bytes():
+    """An empty row adds no lone EOS (it did), and a stream of empty rows is an error, not windows of EOS."""
+    b = StreamBatches(_Rows([b"ab", b"", b"", b"cd", b"efgh"]), 6, 1)
+    assert b.next_batch()[0, 1:].tolist() == [*b"ab", 257, *b"cd", 257]
+    assert b.rows == 4  # the empty rows count as consumed: a resume skips them by position
+    with pytest.raises(DataError, match="has no documents"):
+        StreamBatches(_Rows([b"", b""]), 4, 1).next_batch()
+
+
+@pytest.fixture(params=["one table", "two files"])
+def sharded_spec(request, tmp_path) -> tuple[str, list[bytes]]:
+    """Unique rows as a saved dataset (read as one shard: every other row per process) or as two JSON files (two
+    shards: one per process)."""
+    rows = [f"row {i}: {r}" for i, r in enumerate(_rows(60))]
+    if request.param == "one table":
+        datasets.Dataset.from_dict({"text": rows}).save_to_disk(tmp_path / "ds")
+        return f"hf:{tmp_path / 'ds'}", [r.encode() for r in rows]
+    (tmp_path / "js").mkdir()
+    for k in range(2):
+        (tmp_path / "js" / f"part{k}.jsonl").write_text(
+            "".join(json.dumps({"text": r}) + "\n" for r in rows[30 * k:30 * (k + 1)]))
+    return f"hf:{tmp_path / 'js'}", [r.encode() for r in rows]
+
+
+def test_validation_is_held_out_of_every_process_share(sharded_spec, monkeypatch):
+    """With two processes no validation row is trained on and every other row is, once (a `skip` before the
+    shares are dealt was dealt out too: process 0 trained on validation rows and rows of process 1 were lost)."""
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    spec, rows = sharded_spec
+    cfg = DataConfig(source=spec, stream=True, val_bytes=800, shuffle_buffer=0)
+    shares, vals = [], []
+    for rank in (0, 1):
+        stream, val = open_stream(cfg, rank=rank, world_size=2, seed=0)
+        shares.append([d for d in stream.documents() if d])
+        vals.append(val)
+    assert vals[0] == vals[1] == rows[:len(vals[0])] and 2 <= len(vals[0]) < 10
+    assert sorted(shares[0] + shares[1]) == sorted(rows[len(vals[0]):])
+    one, _ = open_stream(cfg, rank=0, world_size=1, seed=0)
+    assert [d for d in one.documents() if d] == rows[len(vals[0]):]
+
+
+@pytest.mark.integration
+def test_two_processes_resume_a_stream_each_at_its_own_position(spec, tmp_path):
+    """Each process's stream position is its own (rows differ in length); a resume restores each one's."""
+    import shutil
+
+    from .test_distributed import _losses, _run, _weights
+
+    base = tiny_train_config(tmp_path / "full", "x", max_steps=4, ckpt_every=2, batch_size=4)
+    base = replace(base, data=DataConfig(source=spec, stream=True, shuffle_buffer=8, seq_len=64, val_bytes=512))
+    _run(base, world=2)
+    shutil.copytree(tmp_path / "full", tmp_path / "part")  # then undo it back to step 2 and resume
+    part = replace(base, out=str(tmp_path / "part"))
+    shutil.rmtree(tmp_path / "part" / "step_000004")
+    (tmp_path / "part" / "latest").write_text("step_000002\n")
+    lines = (tmp_path / "part" / "metrics.jsonl").read_text().splitlines()
+    (tmp_path / "part" / "metrics.jsonl").write_text("\n".join(lines[:2]) + "\n")
+    _run(replace(part, resume=str(tmp_path / "part")), world=2)
+    assert _losses(tmp_path / "part") == _losses(tmp_path / "full") and len(_losses(tmp_path / "full")) == 4
+    a, b = _weights(tmp_path / "full"), _weights(tmp_path / "part")
+    assert all(torch.equal(a[k], b[k]) for k in a)

@@ -79,6 +79,12 @@ class _ShardWriter:
                             "docs": len(self._ends) - 1, "bytes": self._ends[-1], "sha256": self._hash.hexdigest(),
                             "index_sha256": _sha256(index)})
 
+    def abandon(self) -> None:
+        """Close an open shard file without finishing it (a prepare that failed)."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
     def finish(self) -> dict:
         if self._file is not None:
             self._close()
@@ -139,6 +145,8 @@ def prepare(cfg, out: str | Path, *, shard_bytes: int = 1 << 30, max_bytes: floa
         shutil.rmtree(old, ignore_errors=True)
     except BaseException:
         bar.close()
+        for w in writers.values():
+            w.abandon()
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     seconds = time.perf_counter() - t0
@@ -163,10 +171,15 @@ class Prepared:
             manifest = json.loads(mpath.read_text())
         except (OSError, ValueError) as e:
             raise DataError(f"{mpath}: not a readable manifest ({e}); prepare the corpus again") from e
+        if not isinstance(manifest, dict) or not isinstance(manifest.get("splits", {}), dict):
+            raise DataError(f"{mpath}: not a prepared corpus's manifest (not a JSON object with splits); prepare "
+                            "the corpus again")
         if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
             raise DataError(f"{mpath}: format {manifest.get('format')!r} version {manifest.get('version')!r} is "
                             f"not {FORMAT!r} version {VERSION}; prepare it again with this learntok "
                             f"(learntok prepare {manifest.get('source', 'SOURCE')} {root} --overwrite)")
+        if "splits" not in manifest:
+            raise DataError(f"{mpath}: the manifest lists no splits; the corpus is damaged: prepare it again")
         return Prepared(root, manifest)
 
     @property
@@ -178,8 +191,16 @@ class Prepared:
         checked against the manifest first."""
         if name not in self.manifest["splits"]:
             raise DataError(f"{self.root}: no {name} split (it has {', '.join(self.splits)})")
+        keys = ("data", "index", "bytes", "docs", "sha256", "index_sha256")
+        try:
+            entries = self.manifest["splits"][name]["shards"]
+            if any(not isinstance(e, dict) or any(k not in e for k in keys) for e in entries):
+                raise TypeError("a shard entry lacks a field")
+        except (KeyError, TypeError) as e:
+            raise DataError(f"{self.root / MANIFEST}: the {name} split's entry is damaged ({e}); prepare the "
+                            "corpus again") from e
         shards = []
-        for entry in self.manifest["splits"][name]["shards"]:
+        for entry in entries:
             data, index = self.root / entry["data"], self.root / entry["index"]
             for path, size in ((data, entry["bytes"]), (index, 8 * (entry["docs"] + 1))):
                 actual = path.stat().st_size if path.is_file() else None

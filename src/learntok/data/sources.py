@@ -171,6 +171,22 @@ def parse_hf_spec(spec: str) -> tuple[str, str | None, str]:
     return name, config, split
 
 
+def saved_split(ds, spec: str, split: str):
+    """The split a `save_to_disk` dataset gives `spec`: a DatasetDict's named one; a single Dataset itself, unless
+    the spec names a split that dataset is not (it would read, say, training rows as validation)."""
+    import datasets
+
+    if isinstance(ds, datasets.DatasetDict):
+        if split not in ds:
+            raise DataError(f"{spec}: no split {split!r} (it has {', '.join(ds)})")
+        return ds[split]
+    own = None if getattr(ds, "split", None) is None else str(ds.split)
+    if len(spec[3:].split(":")) > 1 and split != (own or "train"):
+        raise DataError(f"{spec}: the saved dataset has no splits ({'it is ' + repr(own) if own else 'one table'}); "
+                        f"name it without :{split}")
+    return ds
+
+
 def _iter_hf(spec: str, text_field: str) -> Iterator[tuple[str, bytes]]:
     """Rows of a Hugging Face dataset, one at a time (never the whole column at once). NAME is a local
     `save_to_disk` directory or a hub id, streamed when the hub is reachable, else read from the local cache."""
@@ -182,16 +198,14 @@ def _iter_hf(spec: str, text_field: str) -> Iterator[tuple[str, bytes]]:
     try:
         local = Path(name)
         if local.is_dir() and any((local / f).exists() for f in ("dataset_dict.json", "state.json")):
-            ds: Any = datasets.load_from_disk(str(local))
-            if isinstance(ds, datasets.DatasetDict):
-                if split not in ds:
-                    raise KeyError(f"no split {split!r} (it has {', '.join(ds)})")
-                ds = ds[split]
+            ds: Any = saved_split(datasets.load_from_disk(str(local)), spec, split)
         else:
             try:
                 ds = datasets.load_dataset(name, config, split=split, streaming=True)
             except Exception:  # offline: a copy in the local cache may still be there
                 ds = datasets.load_dataset(name, config, split=split)
+    except DataError:
+        raise
     except Exception as e:  # the library raises many types (network, missing cache, bad split)
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise DataError(f"{spec}: cannot load Hugging Face dataset {name!r} split {split!r} "
@@ -418,6 +432,18 @@ def hf_split_specs(spec: str) -> dict[str, list[str]] | None:
             "test": [f"hf:{parts[0]}:{n}" for n in names if n.lower().startswith("test")]}
 
 
+def split_entries(spec: str, paths: Sequence[str | Path], text_field: str = "text",
+                  encoding: str = "utf-8") -> Iterator[tuple[str, bytes]]:
+    """The documents of one split's entries (find_split_files' paths, or hf_split_specs' specs) read as one
+    source: an empty or binary file among them is skipped, not an error."""
+    if paths and all(isinstance(p, Path) for p in paths):
+        files = [f for p in paths for f in resolve_files(str(p))]
+        yield from _iter_files(f"{spec} ({', '.join(p.name for p in paths)})", files, text_field, encoding=encoding)
+    else:
+        for p in paths:
+            yield from iter_documents(str(p), text_field, encoding)
+
+
 def split_documents(cfg: DataConfig, test: bool = False, max_train_bytes: float = 0,
                     with_val_data: bool = True) -> Iterator[tuple[str, bytes]]:
     """(split, document) for every document of a data config's source, split by these rules in order of
@@ -433,13 +459,7 @@ def split_documents(cfg: DataConfig, test: bool = False, max_train_bytes: float 
     budget = [max_train_bytes or float("inf")]
 
     def entries(paths: Sequence[str | Path]) -> Iterator[tuple[str, bytes]]:
-        """A split's entries read as one source: one empty or binary file among them is skipped, not an error."""
-        if paths and all(isinstance(p, Path) for p in paths):
-            files = [f for p in paths for f in resolve_files(str(p))]
-            yield from _iter_files(f"{spec} ({', '.join(p.name for p in paths)})", files, field, encoding=enc)
-        else:
-            for p in paths:
-                yield from iter_documents(str(p), field, enc)
+        return split_entries(spec, paths, field, enc)
 
     def train_docs(paths: Sequence[str | Path]) -> Iterator[tuple[str, bytes]]:
         for _, text in entries(paths):

@@ -9,7 +9,14 @@ from typing import TYPE_CHECKING
 
 from learntok.data.corpus import Corpus, CorpusBuilder
 from learntok.data.shards import Prepared, is_prepared
-from learntok.data.sources import DataError, find_split_files, hf_split_specs, iter_documents, split_documents
+from learntok.data.sources import (
+    DataError,
+    find_split_files,
+    hf_split_specs,
+    iter_documents,
+    split_documents,
+    split_entries,
+)
 
 if TYPE_CHECKING:
     from learntok.config import DataConfig
@@ -68,7 +75,8 @@ def load_split(cfg: DataConfig, split: str) -> tuple[str, Corpus]:
     found = hf_split_specs(cfg.source) if cfg.source.startswith("hf:") else None if cfg.source == "stdlib" \
         else find_split_files(cfg.source)
     if found is not None and found[split]:
-        return f"{cfg.source} ({split})", _read([str(p) for p in found[split]], cfg, f"{split} data")
+        docs = (t for _, t in split_entries(cfg.source, found[split], cfg.text_field, cfg.encoding))
+        return f"{cfg.source} ({split})", Corpus.from_documents(docs, f"{split} data")  # read as training read it
     if split == "test":
         raise ValueError(f"--split test: the run's data {cfg.source!r} is neither a prepared corpus nor a directory "
                          "with test* files; give --data PATH")

@@ -5,23 +5,29 @@ Each process reads its own share of the rows (`datasets.distributed.split_datase
 seeded buffer of `--shuffle-buffer` rows (reshuffled every pass), and packs them into windows in stream order
 (EOS-separated; or, with --no-pack, the first seq_len bytes of each long enough document).
 
+Validation, unless --val-data gives it, is the stream's first rows up to --val-bytes. One process skips them;
+several leave out every row equal to one of them (a `skip` before the shares are dealt would be dealt out too).
+Empty rows are skipped (no lone EOS), as a prepared corpus skips empty documents.
+
 Resuming is exact for the same number of processes: the state is (pass, rows consumed, bytes of the current row
-consumed), and a resumed stream replays the same shuffled order and skips to that point (re-reading the skipped
-rows, which costs time proportional to the position). With another number of processes each process's share
-changes, so a resume continues from the recorded row count of each share: approximate, some rows repeat or are
-skipped. The order differs from a prepared corpus's (a global permutation of windows), so the two kinds of run
-are not bit-comparable.
+consumed), one per process in the checkpoint, and a resumed stream replays the same shuffled order and skips to
+that point (re-reading the skipped rows, which costs time proportional to the position). With another number of
+processes each process's share changes, so a resume continues every share from rank 0's recorded position:
+approximate, some rows repeat or are skipped. The order differs from a prepared corpus's (a global permutation
+of windows), so the two kinds of run are not bit-comparable.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import hashlib
+import itertools
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
 import torch
 
-from learntok.data.sources import DataError, _text_bytes, parse_hf_spec
+from learntok.data.sources import DataError, _text_bytes, parse_hf_spec, saved_split
 from learntok.vocab import BOS, EOS
 
 
@@ -29,7 +35,11 @@ class DocumentStream:
     """This process's share of an hf: dataset's rows, as UTF-8 documents."""
 
     def __init__(self, spec: str, text_field: str, *, rank: int = 0, world_size: int = 1, seed: int = 0,
-                 shuffle_buffer: int = 10_000, skip_first: int = 0):
+                 shuffle_buffer: int = 10_000, skip_first: int = 0, held_out: Iterable[bytes] = ()):
+        """skip_first: rows held out for validation at the stream's head. One process skips them; with several,
+        datasets deals a `skip` out among the shares (each would skip about skip_first / world_size rows of its
+        own), so each process instead leaves out every row equal to one of `held_out` (the validation documents),
+        read as empty rows (positions stay row counts)."""
         try:
             import datasets
             from datasets.distributed import split_dataset_by_node
@@ -40,31 +50,34 @@ class DocumentStream:
             ds: Any = datasets.load_dataset(name, config, split=split, streaming=True)
         except Exception as e:  # not on the hub, or offline: a local save_to_disk directory
             try:
-                ds = datasets.load_from_disk(name)
-                ds = (ds[split] if isinstance(ds, datasets.DatasetDict) else ds).to_iterable_dataset()
+                saved = datasets.load_from_disk(name)
             except Exception:
                 msg = str(e).splitlines()[0] if str(e) else type(e).__name__
                 raise DataError(f"{spec}: cannot stream Hugging Face dataset {name!r} split {split!r}: {msg}") from e
-        if skip_first:  # rows held out for validation, before the shares are dealt
-            ds = ds.skip(skip_first)
+            ds = saved_split(saved, spec, split).to_iterable_dataset()
+        self._held_out: set[bytes] = set()
         if world_size > 1:
             ds = split_dataset_by_node(ds, rank=rank, world_size=world_size)
+            self._held_out = {_digest(doc) for doc in held_out if doc} if skip_first else set()
+        elif skip_first:  # one process: the validation rows are exactly the first skip_first
+            ds = ds.skip(skip_first)
         self.spec, self.text_field, self.seed, self.shuffle_buffer = spec, text_field, seed, shuffle_buffer
         self._ds = ds
 
     def documents(self, epoch: int = 0, skip: int = 0) -> Iterator[bytes]:
-        """Pass `epoch` over the share in its shuffled order, from row `skip` on; empty rows are yielded too
-        (as b"") so that row counts stay positions."""
+        """Pass `epoch` over the share in its shuffled order, from row `skip` on; empty and held-out rows are
+        yielded too (as b"") so that row counts stay positions."""
         ds = self._ds
         if self.shuffle_buffer > 1:
             ds = ds.shuffle(seed=self.seed, buffer_size=self.shuffle_buffer)
             ds.set_epoch(epoch)
-        if skip:
-            ds = ds.skip(skip)
-        for row in ds:
+        # skip by reading: datasets applies an IterableDataset's skip below split_dataset_by_node's split, so
+        # ds.skip(k) on a share would skip k rows of the whole stream, not of the share
+        for row in itertools.islice(ds, skip, None):
             if self.text_field not in row:
                 raise DataError(f"{self.spec}: no column {self.text_field!r} (columns: {', '.join(row)})")
-            yield _text_bytes(row[self.text_field], self.spec, self.text_field)
+            doc = _text_bytes(row[self.text_field], self.spec, self.text_field)
+            yield b"" if self._held_out and doc and _digest(doc) in self._held_out else doc
 
     def sample(self, max_bytes: int) -> list[bytes]:
         """The first non-empty documents of the first pass, up to max_bytes (for a strategy's `prepare`)."""
@@ -97,6 +110,9 @@ class StreamBatches:
             if self._docs is None:
                 self._docs, self._whole_pass = self.stream.documents(self.epoch, self.rows), self.rows == 0
             doc = next(self._docs, None)
+            if doc == b"":  # an empty (or held-out) row: a position, no bytes, no EOS (as a prepared corpus)
+                self.rows += 1
+                continue
             if doc is not None:
                 ids = np.frombuffer(doc, dtype=np.uint8).astype(np.int64)
                 flags = None if self.annotate is None else np.asarray(self.annotate(doc), dtype=bool)
@@ -172,5 +188,9 @@ def open_stream(cfg, *, rank: int, world_size: int, seed: int) -> tuple[Document
             if n >= cfg.val_bytes:
                 break
     stream = DocumentStream(cfg.source, cfg.text_field, rank=rank, world_size=world_size, seed=seed,
-                            shuffle_buffer=cfg.shuffle_buffer, skip_first=skip)
+                            shuffle_buffer=cfg.shuffle_buffer, skip_first=skip, held_out=val if skip else ())
     return stream, val
+
+
+def _digest(doc: bytes) -> bytes:
+    return hashlib.blake2b(doc, digest_size=16).digest()

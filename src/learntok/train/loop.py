@@ -156,7 +156,7 @@ def train(cfg: TrainConfig, *, log=print, on_eval: EvalHook | None = None,
     ckpt = open_run_dir(out, bool(cfg.resume), cfg.overwrite, d, log, artifacts=model.boundary.artifacts())
     batches, val_seqs = load_data(cfg, model, out, d, per_rank // k, log)
     val = val_batches_with_flags(val_seqs, micro, cfg.data.val_bytes)
-    state, optim_state, saved = restore_state(ckpt, model, batches) if ckpt else (TrainState(), None, {})
+    state, optim_state, saved = restore_state(ckpt, model, batches, d) if ckpt else (TrainState(), None, {})
     used_up = False  # a budget spent: only the final evaluation is left, if it is
     if ckpt is not None:
         used_up = bool(cfg.time_budget and state.elapsed >= cfg.time_budget

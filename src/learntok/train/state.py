@@ -149,21 +149,28 @@ def save_state(out: Path, model, wrapped, opt, batches: BatchIterator, state: Tr
     statistics (`batch_stats`, --batch-stats lagged). Gathering FSDP2 shards is collective, so every rank calls
     this; rank 0 writes."""
     tensors, optim = full_state(model, wrapped, opt, sharded)
+    data, ranks = batches.state_dict(), None
+    if d.active and d.world > 1 and barrier:  # a stream's position is each rank's own (collective: not after Ctrl-C)
+        ranks = [None] * d.world
+        tdist.all_gather_object(ranks, data)
     if d.is_main:
         save_checkpoint(out, state.step, tensors, {
-            "optimizer": optim, "data": batches.state_dict(), "torch_rng": torch.get_rng_state(),
+            "optimizer": optim, "data": data, "data_ranks": ranks, "torch_rng": torch.get_rng_state(),
             **dataclasses.asdict(state), "world_size": d.world, "window": window, "batch_stats": batch_stats})
     if barrier and d.active:
         tdist.barrier()
 
 
-def restore_state(ckpt: Path, model, batches: BatchIterator) -> tuple[TrainState, dict, dict]:
-    """Load a checkpoint's weights into `model` (before any sharding), the data position into `batches` and the
+def restore_state(ckpt: Path, model, batches: BatchIterator, d: Dist | None = None) -> tuple[TrainState, dict, dict]:
+    """Load a checkpoint's weights into `model` (before any sharding), the data position into `batches` (this
+    rank's own when the checkpoint has one per rank and the world size is the same; else rank 0's) and the
     torch RNG; returns the counters, the (full) optimizer state dict and what else `save_state` stored:
     `window` (the log window's accumulators) and `batch_stats` (the estimator's lagged statistics), each None
     when absent (older checkpoints)."""
     raw = load_checkpoint(ckpt, model)
-    batches.load_state_dict(raw["data"])
+    d = d or Dist()
+    ranks = raw.get("data_ranks")
+    batches.load_state_dict(ranks[d.rank] if ranks and len(ranks) == d.world else raw["data"])
     torch.set_rng_state(raw["torch_rng"])
     counters = {f.name: raw[f.name] for f in dataclasses.fields(TrainState) if f.name in raw}
     return TrainState(**counters), raw["optimizer"], {k: raw.get(k) for k in ("window", "batch_stats")}
