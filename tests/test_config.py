@@ -122,3 +122,39 @@ def test_the_policy_norm_is_an_option_and_older_runs_keep_it():
     del v2["boundary"]["policy_norm"]
     v2["config_version"] = 2  # written before the option existed, when the norm was always there
     assert from_dict(v2).boundary.policy_norm
+
+
+def test_a_damaged_run_config_is_a_one_line_error_naming_the_file(tmp_path):
+    """A run's config.json that is not JSON, not an object, an export's, missing a section or holding a value of
+    the wrong type: a ValueError naming the file (TypeError, AttributeError or a silently built default model,
+    before)."""
+    from learntok.config import load_json
+
+    good = to_dict(get_preset("tiny"))
+    path = tmp_path / "config.json"
+    cases = [("{", "not valid JSON"), ([], "not a run's config .a JSON list"),
+             ({"architectures": ["LearntokForCausalLM"], **good}, "an exported model's config"),
+             ({k: v for k, v in good.items() if k != "model"}, "no model section"),
+             ({**good, "model": {**good["model"], "d_model": "abc"}}, r"config\.model: a value of the wrong type"),
+             ({**good, "model": 5}, "config.model: expected a section"),
+             ({**good, "model": {**good["model"], "n_heads": 0}}, "n_heads must be >= 1")]
+    for content, message in cases:
+        path.write_text(content if isinstance(content, str) else json.dumps(content))
+        with pytest.raises(ValueError, match=message) as e:
+            load_json(str(path))
+        assert str(path) in str(e.value)
+    path.write_text(json.dumps(good))
+    assert load_json(str(path)) == from_dict(good)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--lr", "nan"], "lr must be finite"), (["--lr", "inf"], "lr must be finite"),
+    (["--time-budget", "inf"], "must be finite and non-negative"),
+    (["--flops-budget", "nan"], "must be finite and non-negative"),
+    (["--max-steps", "-5"], "must be non-negative"), (["--n-heads", "0"], "n_heads must be >= 1")])
+def test_numbers_out_of_range_are_refused_before_any_work(flags, message):
+    """NaN passes every `x <= 0` check, inf made a run of 10^12 steps, and --n-heads 0 a ZeroDivisionError."""
+    from learntok.train.schedule import check_config
+
+    with pytest.raises(ValueError, match=message):
+        check_config(parse_train_args(["--preset", "tiny", *flags]))

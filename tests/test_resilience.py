@@ -268,6 +268,25 @@ def test_truncated_weights_fall_back_to_the_intact_checkpoint(tmp_path, two_ckpt
     assert _rows(run) == _rows(tmp_path / "ref")
 
 
+def test_every_checkpoint_damaged_or_another_shape_is_one_error_line(tmp_path, two_ckpts, capsys):
+    """Every checkpoint truncated: one error line (it was said twice, as a warning and as the error). A config
+    whose model has another shape than the weights: a one-line error, not torch's size-mismatch traceback."""
+    _, run = two_ckpts
+    cfg = json.loads((run / "config.json").read_text())
+    wider = {**cfg["model"], "d_model": 2 * cfg["model"]["d_model"]}
+    (run / "config.json").write_text(json.dumps({**cfg, "model": wider}))
+    assert main(["show", str(run), "--text", "abc"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("learntok: error: checkpoint") and "does not match its config's model" in err
+    assert len(err.strip().splitlines()) == 1
+    (run / "config.json").write_text(json.dumps(cfg))
+    for step in (2, 4):
+        _truncate(run / f"step_{step:06d}" / "model.safetensors")
+    assert main(["show", str(run), "--text", "abc"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("learntok: error:") and len(err.strip().splitlines()) == 1, err
+
+
 def test_damaged_train_state_does_not_stop_inference_but_is_not_resumed(tmp_path, two_ckpts, capsys):
     _, run = two_ckpts
     _truncate(run / "step_000004" / "train_state.pt")

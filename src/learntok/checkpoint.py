@@ -206,7 +206,11 @@ def load_weights(path: Path, model: torch.nn.Module) -> None:
     problem = checkpoint_problem(path, weights_only=True, checksums=False)
     if problem:
         raise CheckpointError(f"checkpoint {path} is damaged: {problem}")
-    missing, unexpected = load_model(model, str(path / WEIGHTS), strict=False)
+    try:
+        missing, unexpected = load_model(model, str(path / WEIGHTS), strict=False)
+    except RuntimeError as e:  # a tensor of another shape: the config does not describe these weights
+        last = (str(e).strip().splitlines() or [type(e).__name__])[-1].strip()
+        raise CheckpointError(f"checkpoint {path} does not match its config's model ({last})") from e
     if missing or unexpected:
         raise ValueError(f"checkpoint {path} does not match the model: missing {sorted(missing)[:5]}, "
                          f"unexpected {sorted(unexpected)[:5]}")
@@ -231,10 +235,11 @@ def checkpoint_and_run(path: Path) -> tuple[Path, Path]:
                          "learntok.from_pretrained)")
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"{path}: not a learntok run or checkpoint directory (no config.json)")
-    ckpt = latest_checkpoint(path)
-    if ckpt is None:
-        _, notes = find_checkpoint(path, weights_only=True, checksums=False)
+    ckpt, notes = find_checkpoint(path, weights_only=True, checksums=False)
+    if ckpt is None:  # the error says it once (not also as a warning)
         raise CheckpointError(notes[0] if notes else f"{path}: the run has no complete checkpoint yet")
+    for note in notes:
+        warnings.warn(note, LearntokWarning, stacklevel=2)
     return ckpt, path
 
 

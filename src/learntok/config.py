@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
@@ -117,6 +118,8 @@ class ModelConfig:
         if any(n < 2 for n in self.ngram_sizes) or self.ngram_table < 1 or self.chunk_table < 0:
             raise ValueError(f"ngram_sizes must be >= 2, ngram_table >= 1 and chunk_table >= 0, got "
                              f"{self.ngram_sizes}, {self.ngram_table}, {self.chunk_table}")
+        if self.n_heads < 1 or self.d_model < 1:
+            raise ValueError(f"d_model and n_heads must be >= 1, got {self.d_model}, {self.n_heads}")
         if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
             raise ValueError(f"d_model={self.d_model} must split into n_heads={self.n_heads} heads of even size")
         if self.token_bucket < 0:
@@ -197,8 +200,10 @@ class OptimConfig:
     """Global gradient-norm clipping threshold; 0 disables it."""
 
     def __post_init__(self) -> None:
-        if self.lr <= 0 or self.weight_decay < 0 or self.grad_clip < 0 or self.warmup_bytes < 0:
-            raise ValueError(f"lr must be > 0 and weight_decay, grad_clip, warmup_bytes >= 0 "
+        finite = all(math.isfinite(x) for x in (self.lr, self.weight_decay, self.grad_clip, self.warmup_bytes,
+                                                 self.beta1, self.beta2, self.min_lr_ratio))
+        if not finite or self.lr <= 0 or self.weight_decay < 0 or self.grad_clip < 0 or self.warmup_bytes < 0:
+            raise ValueError(f"lr must be finite and > 0 and weight_decay, grad_clip, warmup_bytes finite and >= 0 "
                              f"(got lr={self.lr}, weight_decay={self.weight_decay}, grad_clip={self.grad_clip}, "
                              f"warmup_bytes={self.warmup_bytes})")
 
@@ -302,11 +307,16 @@ def to_dict(cfg: TrainConfig) -> dict:
 
 def build(cls: type, d: dict, where: str) -> Any:
     """Instantiate dataclass `cls` from a dict; an unknown key is an error naming it."""
+    if not isinstance(d, dict):
+        raise ValueError(f"{where}: expected a section of keys and values, got {type(d).__name__} {d!r:.60}")
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(d) - names)
     if unknown:
         raise ValueError(f"unknown config key(s) in {where}: {', '.join(unknown)}")
-    return cls(**d)
+    try:
+        return cls(**d)
+    except TypeError as e:  # a value of the wrong type met arithmetic in a check (d_model: "abc")
+        raise ValueError(f"{where}: a value of the wrong type ({e})") from e
 
 
 def boundary_from_dict(d: dict, where: str = "boundary") -> BoundaryConfig:
@@ -380,8 +390,24 @@ def upgrade_v1(d: dict) -> dict:
 
 
 def load_json(path: str) -> TrainConfig:
-    """A TrainConfig from a run's config.json (its `run_info` provenance is ignored)."""
+    """A TrainConfig from a run's config.json (its `run_info` provenance is ignored); ValueError naming the file
+    for one that is not valid JSON, not an object, an exported model's, or missing a section."""
     with open(path) as f:
-        d = json.load(f)
+        try:
+            d = json.load(f)
+        except ValueError as e:
+            raise ValueError(f"{path}: not valid JSON ({e}); the run's config is damaged") from e
+    if not isinstance(d, dict):
+        raise ValueError(f"{path}: not a run's config (a JSON {type(d).__name__}, not an object)")
+    if "architectures" in d or "format" in d:
+        raise ValueError(f"{path}: an exported model's config, not a training run's (--resume continues runs; eval, "
+                         "generate and learntok.from_pretrained read exports)")
+    missing = [k for k in ("model", "boundary", "data", "optim") if k not in d] if d.get("config_version", 1) != 1 \
+        else []
+    if missing:
+        raise ValueError(f"{path}: the run's config has no {', '.join(missing)} section(s); it is damaged")
     d.pop("run_info", None)
-    return from_dict(d)
+    try:
+        return from_dict(d)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from e

@@ -63,8 +63,11 @@ def check_config(cfg: TrainConfig) -> None:
         problems.append("--schedule time needs --time-budget SECONDS")
     if cfg.optim.schedule == "flops" and cfg.flops_budget <= 0:
         problems.append("--schedule flops needs --flops-budget FLOPS")
-    if cfg.flops_budget < 0 or cfg.time_budget < 0:
-        problems.append("--flops-budget and --time-budget must be non-negative")
+    if not (0 <= cfg.flops_budget < math.inf and 0 <= cfg.time_budget < math.inf):  # NaN fails both
+        problems.append(f"--flops-budget and --time-budget must be finite and non-negative (got {cfg.flops_budget:g}, "
+                        f"{cfg.time_budget:g})")
+    if cfg.max_steps < 0 or cfg.max_bytes < 0:
+        problems.append(f"--max-steps and --max-bytes must be non-negative (got {cfg.max_steps}, {cfg.max_bytes})")
     if cfg.max_steps <= 0 and cfg.max_bytes <= 0 and cfg.optim.schedule not in ("time", "flops"):
         problems.append("give a training length: --max-steps N or --max-bytes N")
     if cfg.log_every < 1 or cfg.max_bad_steps < 1 or cfg.eval_every < 0 or cfg.ckpt_every < 0:
