@@ -59,6 +59,23 @@ def test_export_round_trip_and_strict_loading(tmp_path, run):
         learntok.from_pretrained(tmp_path / "nothing")
 
 
+def test_export_refuses_a_run_directory_or_another_models_config(tmp_path, run, capsys):
+    """`export RUN RUN` replaced the run's config.json (its --resume then failed); a directory with another
+    config.json lost it. Both are one-line errors that change nothing; an earlier export is replaced."""
+    before = (run / "config.json").read_bytes()
+    assert main(["export", str(run), str(run)]) == 2
+    assert "a training run's directory" in capsys.readouterr().err
+    assert (run / "config.json").read_bytes() == before
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "config.json").write_text('{"model_type": "gpt2"}')
+    assert main(["export", str(run), str(other)]) == 2
+    assert "not a learntok export's config" in capsys.readouterr().err
+    assert (other / "config.json").read_text() == '{"model_type": "gpt2"}' and len(list(other.iterdir())) == 1
+    assert main(["export", str(run), str(tmp_path / "e")]) == 0
+    assert main(["export", str(run), str(tmp_path / "e")]) == 0  # again into its own export
+
+
 def test_segmenter_spans_tile_the_text(run):
     seg = Segmenter.from_pretrained(run, window=16)  # small window: texts span several windows
     text = "héllo wörld 日本語 😀 " * 5

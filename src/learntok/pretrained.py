@@ -45,8 +45,11 @@ def save_pretrained(model, out_dir: str | Path, *, seq_len: int, source_dir: str
     """Write config.json + model.safetensors (+ for byte-level models the transformers files, learntok.hf_files;
     + the strategy's files from `source_dir`, the run directory, or else the directory the model was loaded
     from, and
-    with `card` a model card README.md from what the run recorded; learntok.card.write_model_card)."""
+    with `card` a model card README.md from what the run recorded; learntok.card.write_model_card). `out_dir`
+    is new, empty or an earlier export: a training run's directory, or one with another model's config.json, is
+    refused (its config.json would be replaced: a run could not be resumed)."""
     out = Path(out_dir)
+    _check_export_dir(out)
     out.mkdir(parents=True, exist_ok=True)
     cfg = config_dict(model, seq_len)
     save_model(model, str(out / "model.safetensors"))
@@ -72,6 +75,22 @@ def save_pretrained(model, out_dir: str | Path, *, seq_len: int, source_dir: str
     if card:
         write_model_card(out, model, seq_len, run_dir=source_dir)
     return out
+
+
+def _check_export_dir(out: Path) -> None:
+    if not out.is_dir():
+        return
+    if any((out / m).exists() for m in ("metrics.jsonl", "latest")) or any(out.glob("step_*")):
+        raise ValueError(f"{out}: a training run's directory; export into a new or empty directory")
+    cfg = out / "config.json"
+    if cfg.is_file():
+        try:
+            ours = json.loads(cfg.read_text()).get("format") == FORMAT
+        except (ValueError, AttributeError):
+            ours = False
+        if not ours:
+            raise ValueError(f"{cfg}: not a learntok export's config (a run's, or another model's), and an export "
+                             "would replace it; export into a new or empty directory")
 
 
 def _remove(path: Path) -> None:
