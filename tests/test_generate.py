@@ -157,3 +157,26 @@ def test_fewer_new_bytes_give_a_prefix_of_the_same_text_in_every_row():
     for seed in (0, 6):
         short, long = (generate(m, prompts, n, temperature=0.8, seed=seed) for n in (30, 80))
         assert all(b.startswith(a) for a, b in zip(short, long))
+
+
+def test_bad_requests_and_a_diverged_model_are_one_line_errors(capsys):
+    """A continuation too long to draw noise for (a 40 TB allocation, or an OverflowError), a seed beyond int64, and
+    a model whose weights are NaN (torch's "probability tensor contains inf, nan") are ValueErrors; the command
+    line checks its flags before it echoes the prompt."""
+    from learntok.cli import main
+    from learntok.generation import MAX_NEW_BYTES
+
+    m = build_model("uniform")
+    for kw, message in (({"max_new_bytes": MAX_NEW_BYTES + 1}, "max_new_bytes must be in"),
+                        ({"seed": 2**64}, "seed must be in")):
+        with pytest.raises(ValueError, match=message):
+            generate(m, ["a"], **kw)
+    with torch.no_grad():
+        m.head.weight.fill_(float("nan"))
+    with pytest.raises(ValueError, match="not finite .*diverged"):
+        generate(m, ["a"], max_new_bytes=2)
+    for flags, message in ((["--stop", ""], "empty stop string"), (["--seed", str(2**64)], "--seed must be in"),
+                           (["--max-new-bytes", str(10**13)], "--max-new-bytes must be at most")):
+        assert main(["generate", "--prompt", "hi", *flags]) == 2
+        out = capsys.readouterr()
+        assert out.out == "" and message in out.err and "Traceback" not in out.err

@@ -45,6 +45,9 @@ def prescribed_flags(model, ids: torch.Tensor) -> torch.Tensor | None:
 
 def _sample(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, gen: torch.Generator) -> torch.Tensor:
     """Next byte ids (B,) from logits (B,V) over bytes and EOS."""
+    if not torch.isfinite(logits[:, :EOS + 1]).all():
+        raise ValueError("the model's next-byte scores are not finite (NaN or inf): its weights have diverged "
+                         "(see the run's metrics for non-finite losses)")
     logits = logits.clone()
     logits[:, EOS + 1:] = float("-inf")
     logits[:, BOS] = float("-inf")
@@ -62,6 +65,10 @@ def _sample(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, 
     return torch.multinomial(logits.softmax(-1), 1, generator=gen)[:, 0]
 
 
+MAX_NEW_BYTES = 1 << 24
+"""The longest continuation `generate` draws (16.8 MB a row; its noise is drawn up front, 4 bytes a position)."""
+
+
 @torch.no_grad()
 def generate(model, prompts: list[str | bytes], max_new_bytes: int = 200, *, temperature: float = 1.0,
              top_k: int = 0, top_p: float = 1.0, seed: int = 0, stop: list[bytes] | None = None,
@@ -76,6 +83,11 @@ def generate(model, prompts: list[str | bytes], max_new_bytes: int = 200, *, tem
         raise ValueError(f"temperature must be a finite number >= 0 (0: greedy), got {temperature}")
     if stop and not all(stop):
         raise ValueError("a stop string is empty: it would end every row after one byte")
+    if not 0 <= max_new_bytes <= MAX_NEW_BYTES:
+        raise ValueError(f"max_new_bytes must be in [0, {MAX_NEW_BYTES:,}] (the boundary noise of every position is "
+                         f"drawn up front), got {max_new_bytes:,}")
+    if not 0 <= seed < 2**63:
+        raise ValueError(f"seed must be in [0, 2**63), got {seed}")
     model.eval()
     data = [p.encode() if isinstance(p, str) else bytes(p) for p in prompts]
     B, dev = len(data), next(model.parameters()).device

@@ -77,11 +77,19 @@ class GenerateArgs:
     def __post_init__(self) -> None:
         if not self.prompt:
             raise ValueError("give at least one --prompt")
+        from learntok.generation import MAX_NEW_BYTES
+
         if (self.max_new_bytes < 0 or self.top_k < 0 or not 0 <= self.temperature < math.inf
                 or not 0 < self.top_p <= 1):
             raise ValueError("--max-new-bytes, --top-k and --temperature must be non-negative (--temperature finite) "
                              "and --top-p in (0, 1] "
                              f"(got {self.max_new_bytes}, {self.top_k}, {self.temperature}, {self.top_p})")
+        if self.max_new_bytes > MAX_NEW_BYTES:  # checked before the prompt is echoed, as the rest
+            raise ValueError(f"--max-new-bytes must be at most {MAX_NEW_BYTES:,}, got {self.max_new_bytes:,}")
+        if not 0 <= self.seed < 2**63:
+            raise ValueError(f"--seed must be in [0, 2**63), got {self.seed}")
+        if any(s == "" for s in self.stop):
+            raise ValueError("--stop '': an empty stop string would end every row after one byte")
 
 
 def cmd_generate(argv: list[str]) -> int:
