@@ -69,7 +69,7 @@ def test_a_config_file_of_an_older_version_is_upgraded(tmp_path):
     ("e.toml", "progress_style = 'fancy'\n", "e.toml: progress_style: 'fancy' is not one of"),
     ("f.toml", "lr = \n", "f.toml: not valid TOML"),
     ("g.ini", "lr = 1\n", "unknown config file type '.ini'"),
-    ("h.toml", "lr = -1.0\n", "lr must be > 0"),
+    ("h.toml", "lr = -1.0\n", "lr must be finite and > 0"),
     ("i.json", "[1, 2]", "expected a mapping of settings"),
     ("j.toml", "ngram_sizes = 3\n", "j.toml: model.ngram_sizes: expected a list, got 3"),
     ("k.toml", "rate_range = [0.1]\n", "k.toml: boundary.rate_range: expected a list of 2"),

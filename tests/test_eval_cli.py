@@ -286,3 +286,9 @@ def test_compare_paired_bootstraps_the_difference_over_documents(runs, tmp_path,
         assert main(["compare", *map(str, args), "--paired", "--out", str(tmp_path)]) == 2
         err = capsys.readouterr().err
         assert msg in err and "Traceback" not in err
+    diverged = json.loads(paths["whitespace"].read_text())  # a diverged run's held-out BPB is written as null
+    diverged["heldout"]["bpb"] = None
+    (tmp_path / "d.json").write_text(json.dumps(diverged))
+    assert main(["compare", str(paths["learned"]), str(tmp_path / "d.json"), "--paired", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "not finite" in err and "Traceback" not in err

@@ -63,6 +63,11 @@ def test_fetch_writes_task_files_that_eval_reads_and_verify_checks(tmp_path, mon
     assert main(["eval-data", "verify", "--dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "piqa" in err and "checksum" in err and err.count("\n") == 1
+    for damaged in ('{"piqa": "x"}', "[]"):  # a TypeError, and "no checksums.json", before
+        (tmp_path / fetch.CHECKSUMS).write_text(damaged)
+        assert main(["eval-data", "verify", "--dir", str(tmp_path)]) == 2
+        err = capsys.readouterr().err
+        assert "damaged" in err and "Traceback" not in err
 
 
 def test_fetch_failures_are_one_line(tmp_path, monkeypatch, capsys):

@@ -139,3 +139,9 @@ def test_a_task_line_that_is_not_valid_unicode_names_its_line(tmp_path):
                     '"gold": 0}\n')
     with pytest.raises(DataError, match=r"piqa\.jsonl:2: text that is not valid Unicode"):
         read_task("piqa", path)
+
+
+def test_a_task_named_twice_is_refused(tmp_path):
+    """Both files were scored and the report kept the last one only."""
+    with pytest.raises(ValueError, match="piqa named twice"):
+        resolve_tasks(f"piqa={tmp_path / 'a.jsonl'},piqa={tmp_path / 'b.jsonl'}", None)

@@ -184,6 +184,17 @@ def test_segment_and_vocab_commands(tmp_path, run, text_corpus, capsys):
     assert (tmp_path / "file.jsonl").read_text() == (tmp_path / "t.jsonl").read_text()
     assert main(["segment", str(run), "--file", str(tmp_path / "nope.txt")]) == 2
     assert "--file" in capsys.readouterr().err
+    # segment edges inside a character: recoverable in jsonl, shown as bytes in text (both U+FFFD once)
+    cjk = "東京は日本の首都です。" * 4
+    assert main(["segment", str(run), "--text", cjk, "--format", "jsonl"]) == 0
+    pieces = [json.loads(x)["text"] for x in capsys.readouterr().out.splitlines()]
+    assert "".join(pieces).encode("utf-8", "surrogateescape") == cjk.encode()
+    assert any(p.encode("utf-8", "surrogateescape") != p.encode("utf-8", "replace") for p in pieces)  # cuts occur
+    assert main(["segment", str(run), "--text", cjk]) == 0
+    shown = capsys.readouterr().out
+    assert "\ufffd" not in shown and "\\x" in shown
+    assert main(["vocab", str(run), "--data", str(text_corpus), "--max-bytes", "-5"]) == 2
+    assert "--max-bytes must be >= 1" in capsys.readouterr().err
 
 
 def test_a_loaded_bpe_model_saves_its_tokenizer_again(tmp_path):

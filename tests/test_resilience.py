@@ -302,6 +302,16 @@ def test_damaged_train_state_does_not_stop_inference_but_is_not_resumed(tmp_path
     assert checkpoint_problem(run / "step_000002", checksums=False) is None
 
 
+def test_metric_lines_that_are_not_objects_are_dropped_at_a_resume(tmp_path):
+    """A hand-edited or damaged metrics.jsonl line that is JSON but not an object: dropped with the lines after the
+    checkpoint (an AttributeError traceback before)."""
+    from learntok.train.state import truncate_metrics
+
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n[1, 2]\n{"step": "x"}\n{"step": 2}\n{"step": 3}\n')
+    assert truncate_metrics(tmp_path, 2) == 3
+    assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 1}\n{"step": 2}\n'
+
+
 def test_resume_without_any_checkpoint_starts_again_with_a_warning(tmp_path, two_ckpts):
     cfg, run = two_ckpts
     for p in [*run.glob("step_*"), run / "latest"]:  # killed before its first checkpoint

@@ -116,6 +116,8 @@ def test_bad_axes_and_cells_are_one_line_before_anything_trains(text_corpus, tmp
     assert main(["sweep", str(tmp_path / "s"), "--axis", "d-model=32", "--flops-budget", "1e9", "--",
                  *_train_flags(text_corpus), "--seed", "3"]) == 2
     assert "--seed: the sweep sets these" in capsys.readouterr().err
+    assert main(["sweep", str(tmp_path / "none"), "--report"]) == 2
+    assert "not a sweep directory" in capsys.readouterr().err
 
 
 def test_the_table_puts_the_best_cell_first():

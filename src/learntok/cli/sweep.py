@@ -279,6 +279,8 @@ def cmd_sweep(argv: list[str]) -> int:
     a = parse(SweepArgs, own, "learntok sweep", __doc__ or "")
     if a.report:
         out = Path(a.out)
+        if not (out / RECORDS).is_file():
+            raise FileNotFoundError(f"{out}: not a sweep directory (no {RECORDS}; run the sweep first)")
         rows = records.load(out / RECORDS)
         write_reports(out, rows)
         print(table(rows), end="")

@@ -135,7 +135,9 @@ class SegmentArgs:
     """Seed of the boundary draws (default: the one saved with the tokenizer, else the evaluation seed, as
     `learntok show` draws them)."""
     format: Literal["text", "jsonl"] = "text"
-    """text: segments joined by --sep; jsonl: one {start, end, text} object per segment (byte offsets)."""
+    """text: segments joined by --sep; jsonl: one {start, end, text} object per segment (byte offsets). A segment
+    edge inside a UTF-8 character shows its bytes as \\xNN in text, and as surrogate escapes in jsonl (so the
+    texts joined and encoded with errors="surrogateescape" give the input back)."""
     sep: str = "|"
     """Separator for --format text."""
     out: str | None = None
@@ -176,12 +178,12 @@ def cmd_segment(argv: list[str]) -> int:
     out = open(a.out, "w", encoding="utf-8") if a.out else sys.stdout  # noqa: SIM115 (closed below)
     try:
         first = True
-        for s, e, piece in spans:
-            text = piece.decode("utf-8", errors="replace")
+        for s, e, piece in spans:  # a character cut by a segment edge stays recoverable (not U+FFFD)
             if a.format == "jsonl":
+                text = piece.decode("utf-8", errors="surrogateescape")
                 out.write(json.dumps({"start": s, "end": e, "text": text}) + "\n")
             else:
-                out.write(("" if first else a.sep) + text)
+                out.write(("" if first else a.sep) + piece.decode("utf-8", errors="backslashreplace"))
             first = False
         if a.format == "text":
             out.write("\n")
@@ -222,6 +224,10 @@ class VocabArgs:
     level: int | None = None
     """Boundary level: 2 counts a two-level model's (trained with --inner-layers) super-tokens (default: the level
     saved with an exported tokenizer, else 1)."""
+
+    def __post_init__(self) -> None:
+        if self.max_bytes < 1 or self.top < 0:
+            raise ValueError(f"--max-bytes must be >= 1 and --top >= 0 (got {self.max_bytes}, {self.top})")
 
 
 def cmd_vocab(argv: list[str]) -> int:

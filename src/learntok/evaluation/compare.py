@@ -192,6 +192,11 @@ def paired_bpb(path_a: str | Path, path_b: str | Path, *, resamples: int = 10_00
         if "per_document" not in h:
             raise ValueError(f"{p}: its eval.json has no per-document scores; run `learntok eval RUN "
                              f"--per-document` (with the same --split / --data / --skip-bytes / --max-bytes for both)")
+        bits = h["per_document"].get("bits") or []
+        if h.get("bpb") is None or not math.isfinite(h["bpb"]) or not all(x is not None and math.isfinite(x)
+                                                                            for x in bits):
+            raise ValueError(f"{p}: its held-out BPB is not finite ({h.get('bpb')}): the model diverged, so there "
+                             "is nothing to compare")
         held.append(h)
     a, b = held
     same = ("data", "split", "first_sequence", "seq_len", "bytes")

@@ -156,9 +156,13 @@ def read_checksums(out_dir: Path) -> dict:
     if not path.exists():
         return {}
     try:
-        return json.loads(path.read_text())
+        sums = json.loads(path.read_text())
     except ValueError as e:
         raise ValueError(f"{path}: damaged ({e}); fetch again") from e
+    if not isinstance(sums, dict) or not all(isinstance(e, dict) and {"file", "sha256"} <= set(e)
+                                             for e in sums.values()):
+        raise ValueError(f"{path}: damaged (not an object of {{task: {{file, sha256}}}}); fetch again")
+    return sums
 
 
 def verify(out_dir: Path) -> list[str]:

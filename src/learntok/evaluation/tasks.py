@@ -87,9 +87,12 @@ def resolve_tasks(spec: str, task_dir: str | Path | None) -> list[tuple[str, Pat
     if spec.strip().lower() in ("", "none"):
         return []
     items = [s.strip() for s in spec.split(",") if s.strip()]
-    for name in (item.partition("=")[0] for item in items):
+    names = [item.partition("=")[0] for item in items]
+    for name in names:
         if name not in TASKS:
             raise ValueError(f"--tasks: unknown task {name!r}; choose from: {', '.join(TASKS)} (NAME or NAME=PATH)")
+    if twice := sorted({n for n in names if names.count(n) > 1}):
+        raise ValueError(f"--tasks: {', '.join(twice)} named twice (the report keeps one result per task)")
     out = []
     for item in items:
         name, _, path = item.partition("=")

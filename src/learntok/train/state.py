@@ -101,9 +101,12 @@ def truncate_metrics(out: Path, step: int) -> int:
     keep = []
     for line in lines:
         try:
-            row_step = json.loads(line).get("step", 0)
+            row = json.loads(line)
         except ValueError:
             continue  # a line cut short by the kill: drop it too
+        if not isinstance(row, dict) or not isinstance(row.get("step", 0), (int, float)):
+            continue  # not a metrics line (hand-edited, damaged): dropped as well
+        row_step = row.get("step", 0)
         if row_step <= step:
             keep.append(line if line.endswith("\n") else line + "\n")
     if len(keep) == len(lines):
