@@ -24,6 +24,7 @@ def test_output_into_a_closed_pipe_is_quiet(argv):
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["train", "--lr", "-1e-3"], "lr must be finite and > 0"),
+    (["train-entropy-model", "--data", "stdlib", "--out", "E", "--lr", "nan"], "--lr finite and > 0"),
     (["train", "--boundaries", "bogus"], "unknown boundary strategy 'bogus'"),
     (["train", "--log-every", "0"], "log_every and max_bad_steps must be >= 1"),
     (["train", "--max-bad-steps", "0"], "log_every and max_bad_steps must be >= 1"),

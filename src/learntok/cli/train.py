@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import sys
 from dataclasses import dataclass, replace
@@ -228,8 +229,8 @@ def cmd_train_entropy_model(argv: list[str]) -> int:
     from learntok.entropy_model import train_entropy_model
 
     a = parse(EntropyModelArgs, argv, "learntok train-entropy-model", EntropyModelArgs.__doc__ or "")
-    if min(a.steps, a.seq_len - 1, a.batch_size) < 1 or a.lr <= 0:
-        raise UsageError("--steps and --batch-size must be >= 1, --seq-len >= 2 and --lr > 0")
+    if min(a.steps, a.seq_len - 1, a.batch_size) < 1 or not 0 < a.lr < math.inf:  # NaN fails too
+        raise UsageError("--steps and --batch-size must be >= 1, --seq-len >= 2 and --lr finite and > 0")
     train_docs, val_docs = load_splits(DataConfig(source=a.data, val_data=a.val_data))
     print(describe(train_docs, val_docs))
     out = train_entropy_model(train_docs, val_docs, a.out, steps=a.steps, seq_len=a.seq_len,
