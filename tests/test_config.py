@@ -158,3 +158,15 @@ def test_numbers_out_of_range_are_refused_before_any_work(flags, message):
 
     with pytest.raises(ValueError, match=message):
         check_config(parse_train_args(["--preset", "tiny", *flags]))
+
+
+def test_val_data_that_is_the_training_data_is_refused(tmp_path):
+    """--val-data naming --data (spelled another way) validated on text that all trains; a prepared corpus given
+    as both still means its val split."""
+    from learntok.train.schedule import check_config
+
+    (tmp_path / "a.txt").write_text("text")
+    with pytest.raises(ValueError, match="is --data: every validation document would be trained on"):
+        check_config(parse_train_args(["--preset", "tiny", "--data", str(tmp_path / "a.txt"), "--val-data",
+                                       str(tmp_path / "." / "a.txt")]))
+    check_config(parse_train_args(["--preset", "tiny", "--data", str(tmp_path / "a.txt")]))

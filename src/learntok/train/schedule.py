@@ -35,10 +35,27 @@ def busy_cpu_note(threads: int) -> str | None:
             "threads; if steps are slow, --threads 1 may be several times faster")
 
 
+def _same_path(a: str, b: str) -> bool:
+    """Two data specs naming the same file or directory (spelled either way); specs that are not paths compare as
+    text."""
+    if a == b:
+        return True
+    try:
+        return os.path.exists(a) and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
 def check_config(cfg: TrainConfig) -> None:
     """Reject inconsistent settings with one clear line before any work is done."""
     mc, dc = cfg.model, cfg.data
     problems = []
+    if dc.val_data is not None and _same_path(dc.val_data, dc.source):
+        from learntok.data import is_prepared
+
+        if not is_prepared(dc.source):  # a prepared corpus as --val-data means its val split
+            problems.append(f"--val-data {dc.val_data} is --data: every validation document would be trained on "
+                            "(leave --val-data out for a hold-out of --data, or give held-out text)")
     if dc.seq_len < 2:
         problems.append(f"seq_len={dc.seq_len} is too short (need at least 2 bytes)")
     if dc.seq_len < mc.byte_window:
