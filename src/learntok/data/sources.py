@@ -458,11 +458,8 @@ def split_documents(cfg: DataConfig, test: bool = False, max_train_bytes: float 
     spec, field, enc = cfg.source, cfg.text_field, cfg.encoding
     budget = [max_train_bytes or float("inf")]
 
-    def entries(paths: Sequence[str | Path]) -> Iterator[tuple[str, bytes]]:
-        return split_entries(spec, paths, field, enc)
-
     def train_docs(paths: Sequence[str | Path]) -> Iterator[tuple[str, bytes]]:
-        for _, text in entries(paths):
+        for _, text in split_entries(spec, paths, field, enc):
             if budget[0] <= 0:
                 return
             budget[0] -= len(text)
@@ -474,7 +471,7 @@ def split_documents(cfg: DataConfig, test: bool = False, max_train_bytes: float 
         vals = found["val"] if cfg.val_data is None else [cfg.val_data] if with_val_data else []
         for split, paths in [("val", vals)] + \
                 ([("test", found["test"])] if test else []):
-            yield from ((split, text) for _, text in entries(paths))
+            yield from ((split, text) for _, text in split_entries(spec, paths, field, enc))
         return
     if cfg.val_data is not None:
         yield from train_docs([spec])
