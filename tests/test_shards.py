@@ -6,6 +6,8 @@ from __future__ import annotations
 import gc
 import json
 import lzma
+import os
+import sys
 import warnings
 from dataclasses import replace
 from pathlib import Path
@@ -15,7 +17,7 @@ import pytest
 
 from learntok.cli import main
 from learntok.config import DataConfig
-from learntok.data import ByteSequences, DataError, Prepared, load_split, load_splits, prepare
+from learntok.data import ByteSequences, DataError, Prepared, is_prepared, load_split, load_splits, prepare
 
 from .conftest import tiny_train_config
 
@@ -147,6 +149,23 @@ def test_an_interrupted_prepare_leaves_nothing_that_looks_finished(source, tmp_p
     one.write_text("a single document")
     with pytest.raises(DataError, match="val split is empty"):
         prepare(DataConfig(source=str(one), val_fraction=0.0), tmp_path / "q", progress=False, log=_quiet)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="the prepare lock is an flock")
+def test_a_second_prepare_of_the_same_out_fails_while_the_first_runs(source, tmp_path):
+    """Every rank of a job running `learntok prepare` at once: the later ones fail at once and leave the first
+    one's partial directory alone (the stale-leftover sweep deleted it)."""
+    import fcntl
+
+    live = tmp_path / f".p.partial-{os.getpid() + 1}"
+    live.mkdir()
+    with open(tmp_path / ".p.lock", "a") as held:  # the first prepare, still writing
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(DataError, match=r"p: another learntok prepare is writing it now"):
+            prepare(DataConfig(source=str(source)), tmp_path / "p", progress=False, log=_quiet)
+        assert live.is_dir() and not (tmp_path / "p").exists()
+    prepare(DataConfig(source=str(source)), tmp_path / "p", progress=False, log=_quiet)  # released: it runs
+    assert is_prepared(tmp_path / "p") and not live.exists()
 
 
 def test_prepare_command(source, tmp_path, capsys):

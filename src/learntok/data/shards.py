@@ -14,6 +14,7 @@ Opening checks every shard's size against the manifest, and its checksum unless 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -107,6 +108,32 @@ def prepare(cfg, out: str | Path, *, shard_bytes: int = 1 << 30, max_bytes: floa
         raise DataError(f"{out}: exists and is not empty" + (" (replace a prepared corpus with --overwrite)"
                                                                if is_prepared(out) else ""))
     out.parent.mkdir(parents=True, exist_ok=True)
+    with _exclusive(out):
+        return _prepare(cfg, out, shard_bytes, max_bytes, min_doc_bytes, progress, log)
+
+
+@contextlib.contextmanager
+def _exclusive(out: Path):
+    """Hold `.OUT.lock` (flock, released when the process dies); a DataError if another prepare holds it."""
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): run unguarded
+        yield
+        return
+    with open(out.parent / f".{out.name}.lock", "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise DataError(f"{out}: another learntok prepare is writing it now (it holds {lock.name}); wait for "
+                            "that one, or prepare once and let every rank read the result") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _prepare(cfg, out: Path, shard_bytes: int, max_bytes: float, min_doc_bytes: int, progress: bool,
+             log: Callable[[str], None]) -> Path:
     for pattern in (f".{out.name}.partial-*", f".{out.name}.replaced-*"):  # an earlier prepare, interrupted
         for stale in out.parent.glob(pattern):
             shutil.rmtree(stale, ignore_errors=True)
