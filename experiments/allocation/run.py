@@ -1129,8 +1129,8 @@ def report(path: Path = RECORDS) -> str:
     if any(r.get("retired") for r in before):
         out += ["At stage 1's allocation (width × depth only, at the preset's byte window 8 and rate 0.2): the runs "
                 "`retire` moved aside when stage 2 gave their methods a byte window and rate, beside the current "
-                "runs at that window and rate (flat and the BPE transformer, which stage 2 gives none, and any arm a "
-                "later stage 2 sent back to it).", "",
+                "runs at that window and rate (flat, which stage 2 gives none; the BPE transformer at the vocabulary "
+                "its stage 2 chose, its only stage-2 axis; and any arm a later stage 2 sent back to it).", "",
                 *_tables([{k: v for k, v in r.items() if k != "retired"} for r in before])]
     return "\n".join(out) + retired_table(path)
 
@@ -1154,7 +1154,8 @@ def _tables(rows: list[dict]) -> list[str]:
                        f"shapes trained: {', '.join(wider)}; the levers table has every checked arm's difference)")
         out += [f"Budget x{key[0]:g} of the reference ({key[2]:.4g} {unit}), matched {VIEWS[key[1]]}{series}; test "
                 f"BPB on {n_test:,} bytes after the first {SKIP_BYTES // 1024} KB; bootstrap: each document's bits "
-                f"averaged over the paired seeds.", "",
+                f"averaged over the paired seeds, resampling the text with the trained models fixed (it leaves "
+                f"out the seeds' spread: a verdict, and *tie*, is the seed column's).", "",
                 "| arm | seeds | test BPB | val BPB | total GFLOPs | train s | − flat (seeds, 95 % t) | "
                 "− flat (documents, bootstrap) | − bpe-lm (seeds, 95 % t) | − bpe-lm (documents, bootstrap) | "
                 "learned − it (seeds, 95 % t) | learned − it (documents, bootstrap) |",
@@ -1277,8 +1278,8 @@ def budget_points(rows: list[dict]) -> dict[str, dict[str, list[tuple[float, flo
 def plot(path: Path = RECORDS, out: Path = PLOT) -> Path:
     """docs/images/allocation_budgets.png: each method's test BPB against the training FLOPs it spent (log
     scale), mean ± s.e. over seeds: a line through its matched-total-FLOPs runs at ½x, x1 and 4x the budget (at
-    its x1 allocation; dotted lines mark the budgets), and a hollow marker for its wall-clock runs at its clock
-    allocation."""
+    its x1 allocation, or at 4x the width validation chose; dotted lines mark the budgets), and a hollow marker
+    for its wall-clock runs at its clock allocation."""
     from learntok import records
     from learntok.viz.mpl import pyplot, save
 
