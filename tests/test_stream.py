@@ -31,6 +31,37 @@ def spec(tmp_path) -> str:
     return f"hf:{tmp_path / 'ds'}:train"
 
 
+def test_offline_a_stream_falls_back_to_the_datasets_cache(monkeypatch):
+    """`datasets` streams from the network only: offline, a dataset in its cache is read from there (online it
+    is not, which would download the whole dataset); not cached either, a one-line error says so."""
+    rows = _rows(30)
+
+    def load_dataset(name, config=None, split=None, streaming=False):
+        if streaming or name != "someone/cached":
+            raise ConnectionError("Couldn't reach 'someone/cached' on the Hub (LocalEntryNotFoundError)")
+        return datasets.Dataset.from_dict({"text": rows})
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    stream = DocumentStream("hf:someone/cached:train", "text", shuffle_buffer=1)
+    assert sorted(stream.documents()) == sorted(r.encode() for r in rows)
+    with pytest.raises(DataError, match=r"hf:someone/other:train: cannot stream .* \(offline, and not in the "
+                                        r"datasets cache either\): Couldn't reach"):
+        DocumentStream("hf:someone/other:train", "text")
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", False, raising=False)
+    with pytest.raises(DataError, match=r"hf:someone/cached:train: cannot stream Hugging Face dataset "
+                                        r"'someone/cached' split 'train': Couldn't reach"):
+        DocumentStream("hf:someone/cached:train", "text")
+
+
+def test_a_saved_dataset_without_splits_streamed_with_a_split_named(tmp_path):
+    datasets.Dataset.from_dict({"text": _rows(5)}).save_to_disk(tmp_path / "one")
+    with pytest.raises(DataError, match=r"the saved dataset has no splits \(one table\); name it without "
+                                        r":validation"):
+        DocumentStream(f"hf:{tmp_path / 'one'}:validation", "text")
+
+
 def _take(batches, n):
     return [batches.next_with_flags() for _ in range(n)]
 

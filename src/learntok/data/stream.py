@@ -48,13 +48,8 @@ class DocumentStream:
         name, config, split = parse_hf_spec(spec)
         try:
             ds: Any = datasets.load_dataset(name, config, split=split, streaming=True)
-        except Exception as e:  # not on the hub, or offline: a local save_to_disk directory
-            try:
-                saved = datasets.load_from_disk(name)
-            except Exception:
-                msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-                raise DataError(f"{spec}: cannot stream Hugging Face dataset {name!r} split {split!r}: {msg}") from e
-            ds = saved_split(saved, spec, split).to_iterable_dataset()
+        except Exception as e:  # not on the hub, or offline: a local save_to_disk directory, or the cache
+            ds = _unstreamed(datasets, spec, name, config, split, e)
         self._held_out: set[bytes] = set()
         if world_size > 1:
             ds = split_dataset_by_node(ds, rank=rank, world_size=world_size)
@@ -165,6 +160,29 @@ class StreamBatches:
             raise ValueError(f"data iterator state {d} is not a stream's (the run trained on another kind of data)")
         self.epoch, self.rows, self.offset = int(d["epoch"]), int(d["rows"]), int(d["offset"])
         self._docs, self._current = None, None
+
+
+def _unstreamed(datasets, spec: str, name: str, config: str | None, split: str, streaming_error: Exception):
+    """The dataset as an iterable when streaming it failed: a local save_to_disk directory, or, offline
+    (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE), the copy in the datasets cache. `datasets` streams from the network
+    only, never from its own cache, so an offline node with the dataset downloaded would otherwise fail; online
+    the cache is not tried, since loading unstreamed would download the whole dataset."""
+    try:
+        saved = datasets.load_from_disk(name)
+    except Exception:
+        pass
+    else:
+        return saved_split(saved, spec, split).to_iterable_dataset()
+    offline = any(getattr(datasets.config, k, False) for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+    if offline:
+        try:
+            return datasets.load_dataset(name, config, split=split).to_iterable_dataset()
+        except Exception:
+            pass
+    msg = str(streaming_error).splitlines()[0] if str(streaming_error) else type(streaming_error).__name__
+    where = " (offline, and not in the datasets cache either)" if offline else ""
+    raise DataError(f"{spec}: cannot stream Hugging Face dataset {name!r} split {split!r}{where}: {msg}") \
+        from streaming_error
 
 
 def open_stream(cfg, *, rank: int, world_size: int, seed: int) -> tuple[DocumentStream, list[bytes]]:
