@@ -1153,9 +1153,9 @@ def _tables(rows: list[dict]) -> list[str]:
             series += (f" (one width step wider than its allocation, which validation preferred on the seeds both "
                        f"shapes trained: {', '.join(wider)}; the levers table has every checked arm's difference)")
         out += [f"Budget x{key[0]:g} of the reference ({key[2]:.4g} {unit}), matched {VIEWS[key[1]]}{series}; test "
-                f"BPB on {n_test:,} bytes after the first {SKIP_BYTES // 1024} KB; bootstrap: each document's bits "
-                f"averaged over the paired seeds, resampling the text with the trained models fixed (it leaves "
-                f"out the seeds' spread: a verdict, and *tie*, is the seed column's).", "",
+                f"BPB on {n_test:,} bytes after the first {SKIP_BYTES // 1024} KB; bootstrap: the text resampled, "
+                f"each document's bits averaged over the paired seeds, models fixed (a verdict is the seed "
+                f"column's).", "",
                 "| arm | seeds | test BPB | val BPB | total GFLOPs | train s | − flat (seeds, 95 % t) | "
                 "− flat (documents, bootstrap) | − bpe-lm (seeds, 95 % t) | − bpe-lm (documents, bootstrap) | "
                 "learned − it (seeds, 95 % t) | learned − it (documents, bootstrap) |",
