@@ -658,6 +658,10 @@ def test_allocation_study_table_pairs_seeds_per_convention_and_budget(tmp_path):
     intro, cells = _readme_table(alloc.study_table(path))
     assert list(cells)[-1] == "entropy patches"  # hnet pairs one seed only: no row
     assert " 6N leaves it out. Entropy patches: at fixed patches' allocation. Wall-clock: " in intro
+    tight = tmp_path / "tight.jsonl"  # a half-width under 0.0005 gets a fourth decimal, not "± 0.000"
+    records.write(tight, [final(arm, s, b) for s, d in enumerate((0.0155, 0.0152, 0.0155))
+                          for arm, b in (("learned-ngrams", 2.0 - d), ("flat-ngrams", 2.0))])
+    assert _readme_table(alloc.study_table(tight))[1]["flat"]["total FLOPs"] == "-0.0154 ± 0.0004 (3)"
     assert cells["entropy patches"]["total FLOPs"] == "-0.125 ± 0.318 (2) *tie*"
     retired = [{**r, "retired": {"now": ["--byte-window", "4"]}} if r["method"] == "learned" else r
                for r in records.load(path)]

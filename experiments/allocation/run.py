@@ -1496,7 +1496,8 @@ def study_table(path: Path = RECORDS) -> str | None:
         if cell is None:
             return ""
         p = cell[2]
-        return f"{p['mean']:+.3f} ± {p['half']:.3f} ({len(cell[1])}){' *tie*' if p['tie'] else ''}"
+        d = 4 if 5e-5 <= p["half"] < 5e-4 else 3  # a half-width under 0.0005 is not 0.000
+        return f"{p['mean']:+.{d}f} ± {p['half']:.{d}f} ({len(cell[1])}){' *tie*' if p['tie'] else ''}"
 
     lines = ["| learned − | " + " | ".join(map(title, columns)) + " |", "|---" * (len(columns) + 1) + "|"]
     for m in TABLE_METHODS:
