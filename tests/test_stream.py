@@ -12,6 +12,7 @@ import torch
 
 from learntok.config import DataConfig
 from learntok.data import ByteSequences, DataError
+from learntok.data.sources import iter_documents
 from learntok.data.stream import DocumentStream, StreamBatches, open_stream
 
 from .conftest import tiny_train_config
@@ -33,12 +34,14 @@ def spec(tmp_path) -> str:
 
 def test_offline_a_stream_falls_back_to_the_datasets_cache(monkeypatch):
     """`datasets` streams from the network only: offline, a dataset in its cache is read from there (online it
-    is not, which would download the whole dataset); not cached either, a one-line error says so."""
-    rows = _rows(30)
+    is not, which would download the whole dataset); not cached either, a one-line error says so. prepare, which
+    reads every row anyway, tries the cache online too."""
+    rows, whole_loads = _rows(30), []
 
     def load_dataset(name, config=None, split=None, streaming=False):
+        whole_loads.extend([] if streaming else [name])
         if streaming or name != "someone/cached":
-            raise ConnectionError("Couldn't reach 'someone/cached' on the Hub (LocalEntryNotFoundError)")
+            raise ConnectionError(f"Couldn't reach {name!r} on the Hub (LocalEntryNotFoundError)")
         return datasets.Dataset.from_dict({"text": rows})
 
     monkeypatch.setattr(datasets, "load_dataset", load_dataset)
@@ -50,9 +53,15 @@ def test_offline_a_stream_falls_back_to_the_datasets_cache(monkeypatch):
         DocumentStream("hf:someone/other:train", "text")
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", False, raising=False)
+    whole_loads.clear()
     with pytest.raises(DataError, match=r"hf:someone/cached:train: cannot stream Hugging Face dataset "
                                         r"'someone/cached' split 'train': Couldn't reach"):
         DocumentStream("hf:someone/cached:train", "text")
+    assert whole_loads == []  # online, a stream never downloads the whole dataset
+    assert [t for _, t in iter_documents("hf:someone/cached:train")] == [r.encode() for r in rows if r]
+    with pytest.raises(DataError, match=r"hf:someone/other: cannot load Hugging Face dataset 'someone/other' split "
+                                        r"'train' \(not streamed, and not in the datasets cache either\): Couldn't"):
+        list(iter_documents("hf:someone/other"))
 
 
 def test_a_saved_dataset_without_splits_streamed_with_a_split_named(tmp_path):

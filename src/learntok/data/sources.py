@@ -187,32 +187,46 @@ def saved_split(ds, spec: str, split: str):
     return ds
 
 
-def _iter_hf(spec: str, text_field: str) -> Iterator[tuple[str, bytes]]:
-    """Rows of a Hugging Face dataset, one at a time (never the whole column at once). NAME is a local
-    `save_to_disk` directory or a hub id, streamed when the hub is reachable, else read from the local cache."""
+def open_hf(spec: str, *, whole: bool) -> Any:
+    """The split of a Hugging Face dataset that `spec` names: a local `save_to_disk` directory, else the hub
+    streamed, else the copy in the datasets cache (which `datasets` never streams from: huggingface/datasets#6327).
+    whole: whether that cache load may download the whole dataset (prepare reads every row anyway); without it the
+    cache is tried offline only (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE), where it cannot download."""
     name, config, split = parse_hf_spec(spec)
     try:
         import datasets
     except ImportError as e:
         raise DataError(f"{spec}: hf: data needs the datasets package (pip install 'learntok[hf]')") from e
+    local = Path(name)
     try:
-        local = Path(name)
         if local.is_dir() and any((local / f).exists() for f in ("dataset_dict.json", "state.json")):
-            ds: Any = saved_split(datasets.load_from_disk(str(local)), spec, split)
-        else:
-            try:
-                ds = datasets.load_dataset(name, config, split=split, streaming=True)
-            except Exception:  # offline: a copy in the local cache may still be there
-                ds = datasets.load_dataset(name, config, split=split)
+            return saved_split(datasets.load_from_disk(str(local)), spec, split)
+        return datasets.load_dataset(name, config, split=split, streaming=True)
     except DataError:
         raise
     except Exception as e:  # the library raises many types (network, missing cache, bad split)
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise DataError(f"{spec}: cannot load Hugging Face dataset {name!r} split {split!r} "
-                        f"(offline it must be cached or a local directory; HF_DATASETS_OFFLINE=1 skips the network): "
-                        f"{msg}") from e
+        error = e
+    offline = any(getattr(datasets.config, k, False) for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+    if whole or offline:
+        try:
+            return datasets.load_dataset(name, config, split=split)
+        except Exception as e:
+            error = e
+    msg = str(error).splitlines()[0] if str(error) else type(error).__name__
+    where = f" ({'offline' if offline else 'not streamed'}, and not in the datasets cache either)" \
+        if whole or offline else ""
+    raise DataError(f"{spec}: cannot {'load' if whole else 'stream'} Hugging Face dataset {name!r} split {split!r}"
+                    f"{where}: {msg}") from error
+
+
+def _iter_hf(spec: str, text_field: str) -> Iterator[tuple[str, bytes]]:
+    """Rows of a Hugging Face dataset, one at a time (never the whole column at once)."""
+    ds = open_hf(spec, whole=True)
+    import datasets  # open_hf has checked it is installed
+
     rows = (r for batch in ds.iter(batch_size=1024) for r in _rows(batch)) if isinstance(ds, datasets.Dataset) \
         else iter(ds)
+    name = parse_hf_spec(spec)[0]
     for i, row in enumerate(rows):
         if text_field not in row:
             raise DataError(f"{spec}: no column {text_field!r} (columns: {', '.join(row)})")

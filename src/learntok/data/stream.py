@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from learntok.data.sources import DataError, _text_bytes, parse_hf_spec, saved_split
+from learntok.data.sources import DataError, _text_bytes, open_hf
 from learntok.vocab import BOS, EOS
 
 
@@ -45,11 +45,9 @@ class DocumentStream:
             from datasets.distributed import split_dataset_by_node
         except ImportError as e:
             raise DataError(f"{spec}: --stream needs the datasets package (pip install 'learntok[hf]')") from e
-        name, config, split = parse_hf_spec(spec)
-        try:
-            ds: Any = datasets.load_dataset(name, config, split=split, streaming=True)
-        except Exception as e:  # not on the hub, or offline: a local save_to_disk directory, or the cache
-            ds = _unstreamed(datasets, spec, name, config, split, e)
+        ds: Any = open_hf(spec, whole=False)  # online, never a whole download: that is what streaming avoids
+        if not isinstance(ds, datasets.IterableDataset):
+            ds = ds.to_iterable_dataset()
         self._held_out: set[bytes] = set()
         if world_size > 1:
             ds = split_dataset_by_node(ds, rank=rank, world_size=world_size)
@@ -160,29 +158,6 @@ class StreamBatches:
             raise ValueError(f"data iterator state {d} is not a stream's (the run trained on another kind of data)")
         self.epoch, self.rows, self.offset = int(d["epoch"]), int(d["rows"]), int(d["offset"])
         self._docs, self._current = None, None
-
-
-def _unstreamed(datasets, spec: str, name: str, config: str | None, split: str, streaming_error: Exception):
-    """The dataset as an iterable when streaming it failed: a local save_to_disk directory, or, offline
-    (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE), the copy in the datasets cache. `datasets` streams from the network
-    only, never from its own cache, so an offline node with the dataset downloaded would otherwise fail; online
-    the cache is not tried, since loading unstreamed would download the whole dataset."""
-    try:
-        saved = datasets.load_from_disk(name)
-    except Exception:
-        pass
-    else:
-        return saved_split(saved, spec, split).to_iterable_dataset()
-    offline = any(getattr(datasets.config, k, False) for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
-    if offline:
-        try:
-            return datasets.load_dataset(name, config, split=split).to_iterable_dataset()
-        except Exception:
-            pass
-    msg = str(streaming_error).splitlines()[0] if str(streaming_error) else type(streaming_error).__name__
-    where = " (offline, and not in the datasets cache either)" if offline else ""
-    raise DataError(f"{spec}: cannot stream Hugging Face dataset {name!r} split {split!r}{where}: {msg}") \
-        from streaming_error
 
 
 def open_stream(cfg, *, rank: int, world_size: int, seed: int) -> tuple[DocumentStream, list[bytes]]:
