@@ -126,6 +126,26 @@ def test_damaged_or_misused_corpora_are_one_line_errors(source, tmp_path):
     assert load_splits(cfg)[0] == load_splits(DataConfig(source=str(source)))[0]
 
 
+def test_a_source_with_another_tools_manifest_is_read_not_refused_or_replaced(source, tmp_path):
+    """Only learntok's own manifest.json marks a prepared corpus: a data directory that ships another tool's is
+    trained on and prepared as text, and `prepare --overwrite` into it refuses instead of deleting it."""
+    (source / "manifest.json").write_text(json.dumps({"name": "my corpus", "files": ["train.jsonl.xz"]}))
+    assert not is_prepared(source)
+    cfg = DataConfig(source=str(source))
+    (source / "manifest.json").rename(tmp_path / "aside.json")
+    expected = load_splits(cfg)
+    (tmp_path / "aside.json").rename(source / "manifest.json")
+    assert load_splits(cfg)[0] == expected[0]
+    out = prepare(cfg, tmp_path / "p", progress=False, log=_quiet)
+    assert is_prepared(out) and load_splits(DataConfig(source=str(out)))[0] == expected[0]
+    with pytest.raises(DataError, match="exists and is not empty"):
+        prepare(cfg, source, overwrite=True, progress=False, log=_quiet)
+    assert sorted(p.name for p in source.iterdir()) == ["manifest.json", "test.jsonl", "train.jsonl.xz",
+                                                        "valid.jsonl"]
+    (out / "manifest.json").write_text("{damaged")  # a damaged manifest of ours still marks the corpus
+    assert is_prepared(out)
+
+
 def test_an_interrupted_prepare_leaves_nothing_that_looks_finished(source, tmp_path):
     bad = tmp_path / "bad"
     bad.mkdir()

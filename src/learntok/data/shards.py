@@ -37,8 +37,17 @@ SPLITS = ("train", "val", "test")
 
 
 def is_prepared(path: str | Path) -> bool:
-    """True if `path` is a prepared corpus (a directory with a manifest.json)."""
-    return (Path(path) / MANIFEST).is_file()
+    """True if `path` is a prepared corpus: a directory whose manifest.json is learntok's (its format tag), or,
+    unreadable, sits beside a train/ directory of shards. A data directory that ships some other tool's
+    manifest.json is a source to read, never a corpus to refuse or to replace with `prepare --overwrite`."""
+    mpath = Path(path) / MANIFEST
+    if not mpath.is_file():
+        return False
+    try:
+        manifest = json.loads(mpath.read_text())
+    except (OSError, ValueError):  # a damaged manifest of ours still says prepared, so the error names it
+        return (Path(path) / "train").is_dir()
+    return isinstance(manifest, dict) and manifest.get("format") == FORMAT
 
 
 def _sha256(path: Path) -> str:
