@@ -27,7 +27,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from learntok.data.sources import DataError, _text_bytes, open_hf
+from learntok.data.base import DataError, _text_bytes
+from learntok.data.hf import open_hf
 from learntok.vocab import BOS, EOS
 
 
