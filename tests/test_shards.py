@@ -146,6 +146,18 @@ def test_a_source_with_another_tools_manifest_is_read_not_refused_or_replaced(so
     assert is_prepared(out)
 
 
+def test_prepare_into_the_current_directory_is_refused_before_any_work(source, tmp_path, monkeypatch):
+    """`prepare SRC .` in an empty directory used to read everything, then fail renaming '.' away (a stack of
+    errno text, a `..lock` file left behind)."""
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    for out in (".", "..", str(tmp_path / "here")):
+        with pytest.raises(DataError, match=r"the current directory or one above it; prepare into a new directory"):
+            prepare(DataConfig(source=str(source)), out, progress=False, log=_quiet)
+    assert list((tmp_path / "here").iterdir()) == []
+    assert is_prepared(prepare(DataConfig(source=str(source)), "corpus", progress=False, log=_quiet))
+
+
 def test_an_interrupted_prepare_leaves_nothing_that_looks_finished(source, tmp_path):
     bad = tmp_path / "bad"
     bad.mkdir()

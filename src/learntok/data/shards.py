@@ -108,6 +108,9 @@ def prepare(cfg, out: str | Path, *, shard_bytes: int = 1 << 30, max_bytes: floa
     `out`. `max_bytes` > 0 stops the training split after that many bytes; `min_doc_bytes` > 0 leaves out
     shorter documents (e.g. 4096: the only ones the paper's keep-and-truncate rule trains on). Returns `out`."""
     out = Path(out)
+    if out.resolve() == Path.cwd() or out.resolve() in Path.cwd().parents:  # the final rename would move the cwd
+        raise DataError(f"{out}: the current directory or one above it; prepare into a new directory "
+                        f"(e.g. {out / 'corpus'})")
     if is_prepared(cfg.source):
         raise DataError(f"{cfg.source}: already a prepared corpus; train on it with --data {cfg.source}")
     if cfg.val_data is not None and is_prepared(cfg.val_data):
