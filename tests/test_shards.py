@@ -146,7 +146,7 @@ def test_a_source_with_another_tools_manifest_is_read_not_refused_or_replaced(so
     assert is_prepared(out)
 
 
-def test_prepare_into_the_current_directory_is_refused_before_any_work(source, tmp_path, monkeypatch):
+def test_prepare_into_the_current_directory_or_a_file_is_refused_before_any_work(source, tmp_path, monkeypatch):
     """`prepare SRC .` in an empty directory used to read everything, then fail renaming '.' away (a stack of
     errno text, a `..lock` file left behind)."""
     (tmp_path / "here").mkdir()
@@ -156,6 +156,11 @@ def test_prepare_into_the_current_directory_is_refused_before_any_work(source, t
             prepare(DataConfig(source=str(source)), out, progress=False, log=_quiet)
     assert list((tmp_path / "here").iterdir()) == []
     assert is_prepared(prepare(DataConfig(source=str(source)), "corpus", progress=False, log=_quiet))
+    (tmp_path / "here" / "a-file").write_text("x")
+    with pytest.raises(DataError, match=r"^a-file: exists and is not a directory"):
+        prepare(DataConfig(source=str(source)), "a-file", progress=False, log=_quiet)
+    with pytest.raises(DataError, match=r"^a-file/sub: cannot make its directory \(File exists: a-file\)"):
+        prepare(DataConfig(source=str(source)), "a-file/sub", progress=False, log=_quiet)
 
 
 def test_an_interrupted_prepare_leaves_nothing_that_looks_finished(source, tmp_path):

@@ -116,10 +116,15 @@ def prepare(cfg, out: str | Path, *, shard_bytes: int = 1 << 30, max_bytes: floa
     if cfg.val_data is not None and is_prepared(cfg.val_data):
         raise DataError(f"--val-data {cfg.val_data}: a prepared corpus; `learntok prepare` reads sources (give the "
                         "source it was prepared from, or train with --val-data pointing at it)")
+    if out.exists() and not out.is_dir():
+        raise DataError(f"{out}: exists and is not a directory; prepare into a new directory")
     if out.exists() and (not overwrite or not is_prepared(out)) and any(out.iterdir()):
         raise DataError(f"{out}: exists and is not empty" + (" (replace a prepared corpus with --overwrite)"
                                                                if is_prepared(out) else ""))
-    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as e:  # a file where a parent directory must be
+        raise DataError(f"{out}: cannot make its directory ({e.strerror}: {e.filename})") from None
     with _exclusive(out):
         return _prepare(cfg, out, shard_bytes, max_bytes, min_doc_bytes, progress, log)
 
