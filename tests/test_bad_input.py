@@ -88,6 +88,16 @@ def test_a_missing_extra_is_one_line_naming_it(tmp_path, text_corpus, monkeypatc
         assert len(err) == 1 and "pip install 'learntok[viz]'" in err[0] and "matplotlib" in err[0], (argv, err)
 
 
+def test_a_system_error_reads_as_the_path_and_what_is_wrong(tmp_path, capsys):
+    """An OSError from the system is `PATH: what went wrong (hint)`, not Python's `[Errno 17] File exists: ...`."""
+    (tmp_path / "a-file").write_text("x")
+    for out, message in ((tmp_path / "a-file", "File exists (a file is where a directory must be)"),
+                         (tmp_path / "a-file" / "run", "Not a directory (part of the path is a file)")):
+        assert main(["train", "--out", str(out), "--max-steps", "1"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"learntok: error: {out}: {message}"], err
+
+
 def test_report_needs_a_run_directory(tmp_path, capsys):
     assert main(["report", str(tmp_path / "nothing")]) == 2
     assert "no such run directory" in capsys.readouterr().err

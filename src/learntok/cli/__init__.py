@@ -15,6 +15,7 @@ environment variable LEARNTOK_DEBUG=1 the original exception is raised instead, 
 from __future__ import annotations
 
 import contextlib
+import errno
 import importlib
 import io
 import os
@@ -156,10 +157,24 @@ def _main(argv: list[str]) -> int:
     except (ValueError, OSError, LearntokError) as e:  # UsageError, DataError, a missing file, a full disk, ...
         if debug():
             raise
-        print(f"learntok: error: {str(e).strip() or type(e).__name__}", file=sys.stderr)
+        print(f"learntok: error: {_one_line(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+_ERRNO_HINTS = {errno.EEXIST: " (a file is where a directory must be)",
+                errno.ENOTDIR: " (part of the path is a file)",
+                errno.EISDIR: " (a directory, where a file was expected)"}
+
+
+def _one_line(e: BaseException) -> str:
+    """The error message a user reads: an OSError of the system as `PATH: what went wrong` (not `[Errno N] ...`),
+    anything else as its own text."""
+    if isinstance(e, OSError) and e.strerror and e.filename is not None:
+        path = f"{e.filename} -> {e.filename2}" if e.filename2 is not None else str(e.filename)
+        return f"{path}: {e.strerror}{_ERRNO_HINTS.get(e.errno, '')}"
+    return str(e).strip() or type(e).__name__
 
 
 EXTRAS = {"matplotlib": "viz", "tensorboard": "tensorboard", "wandb": "wandb", "huggingface_hub": "hub",
