@@ -107,8 +107,8 @@ def prepare(cfg, out: str | Path, *, shard_bytes: int = 1 << 30, max_bytes: floa
     `learntok train` splits them, with a directory's test* files as a test split) into a prepared corpus at
     `out`. `max_bytes` > 0 stops the training split after that many bytes; `min_doc_bytes` > 0 leaves out
     shorter documents (e.g. 4096: the only ones the paper's keep-and-truncate rule trains on). Returns `out`."""
-    out = Path(out)
-    if out.resolve() == Path.cwd() or out.resolve() in Path.cwd().parents:  # the final rename would move the cwd
+    out, cwd = Path(out), Path.cwd()
+    if out.resolve() in (cwd, *cwd.parents):  # the final rename would move the current directory
         raise DataError(f"{out}: the current directory or one above it; prepare into a new directory "
                         f"(e.g. {out / 'corpus'})")
     if is_prepared(cfg.source):
@@ -116,11 +116,13 @@ def prepare(cfg, out: str | Path, *, shard_bytes: int = 1 << 30, max_bytes: floa
     if cfg.val_data is not None and is_prepared(cfg.val_data):
         raise DataError(f"--val-data {cfg.val_data}: a prepared corpus; `learntok prepare` reads sources (give the "
                         "source it was prepared from, or train with --val-data pointing at it)")
-    if out.exists() and not out.is_dir():
-        raise DataError(f"{out}: exists and is not a directory; prepare into a new directory")
-    if out.exists() and (not overwrite or not is_prepared(out)) and any(out.iterdir()):
-        raise DataError(f"{out}: exists and is not empty" + (" (replace a prepared corpus with --overwrite)"
-                                                               if is_prepared(out) else ""))
+    if out.exists():
+        if not out.is_dir():
+            raise DataError(f"{out}: exists and is not a directory; prepare into a new directory")
+        prepared = is_prepared(out)  # it reads the manifest: once
+        if (not overwrite or not prepared) and any(out.iterdir()):
+            raise DataError(f"{out}: exists and is not empty"
+                            + (" (replace a prepared corpus with --overwrite)" if prepared else ""))
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError) as e:  # a file where a parent directory must be
